@@ -1,0 +1,41 @@
+#pragma once
+// A linear weight [rows, cols] ("out, in") in its stored form, plus row dequantisation.
+// Nothing here copies the payload: data/scale point into the mmap'd checkpoint.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dsv4 {
+
+enum class WFormat {
+  F32,       // float32 [rows, cols]
+  BF16,      // bf16 [rows, cols]
+  F16,       // f16 [rows, cols]
+  FP8Block,  // e4m3 [rows, cols] + E8M0 scale [ceil(rows/128), ceil(cols/128)]
+  MXFP4,     // uint8 [rows, cols/2] (low nibble = even col) + E8M0 scale [rows, cols/32]
+  NVFP4,     // uint8 [rows, cols/2] + E4M3 scale [rows, cols/16] + f32 scale2 (global)
+};
+
+const char* wformat_name(WFormat f);
+
+struct QWeight {
+  WFormat fmt = WFormat::F32;
+  int64_t rows = 0, cols = 0;
+  const uint8_t* data = nullptr;   // payload, layout per fmt
+  const uint8_t* scale = nullptr;  // block scales (FP8Block, MXFP4, NVFP4), row-major
+  int64_t scale_cols = 0;          // columns of the scale tensor
+  float scale2 = 1.0f;             // NVFP4 weight_scale_2
+  std::string name;                // checkpoint tensor name, for messages
+
+  bool empty() const { return data == nullptr; }
+  // Bytes of payload + scales as stored.
+  size_t stored_bytes() const;
+};
+
+// Dequantises row r (cols values) into out.
+void dequant_row(const QWeight& w, int64_t r, float* out);
+
+// Dequantises the whole weight (rows*cols floats). Only for small tensors and tests.
+std::vector<float> dequant_all(const QWeight& w);
+
+}  // namespace dsv4

@@ -1,0 +1,380 @@
+#include "model/forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "core/formats.h"
+#include "core/threads.h"
+
+namespace dsv4 {
+
+namespace {
+
+using Buf = std::vector<float>;
+
+Buf zeros(int64_t n) { return Buf(static_cast<size_t>(n), 0.0f); }
+
+// hc_pre of one sublayer for every token: the mixed input x [T, D], post [T, hc] and the
+// Sinkhorn-normalised combination C [T, hc, hc].
+void hc_pre(const ModelConfig& c, const HcMixW& mix, const float* X, int64_t T, float* x, float* post, float* comb) {
+  const int64_t hc = c.hc, D = c.dim, n = hc * D, M = c.hc_mix();
+  const float eps = static_cast<float>(c.hc_eps);
+  thread_pool().parallel_for(T, [&](int64_t b, int64_t e) {
+    std::vector<float> m(static_cast<size_t>(M));
+    for (int64_t t = b; t < e; ++t) {
+      const float* xf = X + t * n;
+      double ss = 0;
+      for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(xf[i]) * xf[i];
+      float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + c.eps));
+      for (int64_t k = 0; k < M; ++k) m[k] = dot(mix.fn.data() + k * n, xf, n) * rs;
+      float pre[16];
+      for (int64_t i = 0; i < hc; ++i) pre[i] = sigmoid(m[i] * mix.scale[0] + mix.base[i]) + eps;
+      for (int64_t j = 0; j < hc; ++j) post[t * hc + j] = 2.0f * sigmoid(m[hc + j] * mix.scale[1] + mix.base[hc + j]);
+      float* C = comb + t * hc * hc;
+      for (int64_t k = 0; k < hc * hc; ++k) C[k] = m[2 * hc + k] * mix.scale[2] + mix.base[2 * hc + k];
+      // Row softmax, then alternate column / row normalisation (Sinkhorn).
+      for (int64_t i = 0; i < hc; ++i) {
+        float* row = C + i * hc;
+        float mx = *std::max_element(row, row + hc), s = 0;
+        for (int64_t j = 0; j < hc; ++j) s += (row[j] = std::exp(row[j] - mx));
+        for (int64_t j = 0; j < hc; ++j) row[j] = row[j] / s + eps;
+      }
+      auto norm_cols = [&] {
+        for (int64_t j = 0; j < hc; ++j) {
+          float s = 0;
+          for (int64_t i = 0; i < hc; ++i) s += C[i * hc + j];
+          for (int64_t i = 0; i < hc; ++i) C[i * hc + j] /= s + eps;
+        }
+      };
+      auto norm_rows = [&] {
+        for (int64_t i = 0; i < hc; ++i) {
+          float s = 0;
+          for (int64_t j = 0; j < hc; ++j) s += C[i * hc + j];
+          for (int64_t j = 0; j < hc; ++j) C[i * hc + j] /= s + eps;
+        }
+      };
+      norm_cols();
+      for (int64_t it = 1; it < c.sinkhorn_iters; ++it) {
+        norm_rows();
+        norm_cols();
+      }
+      float* xo = x + t * D;
+      for (int64_t d = 0; d < D; ++d) {
+        float s = 0;
+        for (int64_t i = 0; i < hc; ++i) s += pre[i] * xf[i * D + d];
+        xo[d] = s;
+      }
+    }
+  });
+}
+
+// hc_post: X'_j = post_j * f + sum_i C_ij X_i, in place on X.
+void hc_post(const ModelConfig& c, const float* f, const float* post, const float* comb, float* X, int64_t T) {
+  const int64_t hc = c.hc, D = c.dim;
+  thread_pool().parallel_for(T, [&](int64_t b, int64_t e) {
+    Buf old(static_cast<size_t>(hc * D));
+    for (int64_t t = b; t < e; ++t) {
+      float* Xt = X + t * hc * D;
+      std::copy(Xt, Xt + hc * D, old.begin());
+      const float* C = comb + t * hc * hc;
+      for (int64_t j = 0; j < hc; ++j)
+        for (int64_t d = 0; d < D; ++d) {
+          float s = post[t * hc + j] * f[t * D + d];
+          for (int64_t i = 0; i < hc; ++i) s += C[i * hc + j] * old[i * D + d];
+          Xt[j * D + d] = s;
+        }
+    }
+  });
+}
+
+// Feeds the compressor the rows of positions p0..p0+T-1 and appends every entry whose block
+// closes inside the chunk to `entries` (out_dim floats each). Returns the number appended.
+int64_t compress(const ModelConfig& c, const CompressorW& w, CompressorState& s, const RopeTable& rope, const float* x,
+                 int64_t T, int64_t p0, bool indexer, std::vector<float>& entries) {
+  const int64_t width = s.width, dout = w.out_dim, ratio = w.ratio;
+  Buf a = zeros(T * width), g = zeros(T * width);
+  matmul(w.wkv, x, T, a.data());
+  matmul(w.wgate, x, T, g.data());
+  int64_t added = 0;
+  Buf entry(static_cast<size_t>(dout));
+  std::vector<float> sc, va;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = p0 + t, slot = pos % ratio;
+    const float* ape = w.ape.data() + slot * width;
+    for (int64_t k = 0; k < width; ++k) {
+      s.cur_a[slot * width + k] = a[t * width + k];
+      s.cur_s[slot * width + k] = g[t * width + k] + ape[k];  // ape biases the scores only
+    }
+    s.n_cur = slot + 1;
+    if (slot != ratio - 1) continue;
+    // Block b = pos / ratio closes here. Ratio 4 pools the previous block through channels
+    // [0, dout) and this block through [dout, 2*dout); other ratios pool this block only.
+    const bool overlap = ratio == 4;
+    const int64_t off = overlap ? dout : 0;
+    for (int64_t ch = 0; ch < dout; ++ch) {
+      sc.clear();
+      va.clear();
+      if (overlap && s.has_prev)
+        for (int64_t r = 0; r < ratio; ++r) sc.push_back(s.prev_s[r * width + ch]), va.push_back(s.prev_a[r * width + ch]);
+      for (int64_t r = 0; r < ratio; ++r) sc.push_back(s.cur_s[r * width + off + ch]), va.push_back(s.cur_a[r * width + off + ch]);
+      float mx = *std::max_element(sc.begin(), sc.end()), den = 0, num = 0;
+      for (size_t i = 0; i < sc.size(); ++i) {
+        float p = std::exp(sc[i] - mx);
+        den += p;
+        num += p * va[i];
+      }
+      entry[ch] = num / den;
+    }
+    rmsnorm(entry.data(), w.norm.data(), dout, c.eps, entry.data());
+    rope.apply(entry.data(), dout, (pos / ratio) * ratio);  // at the block's first position
+    if (indexer) {
+      hadamard(entry.data(), dout);
+      fp4sim(entry.data(), static_cast<size_t>(dout), 32);
+    } else {
+      fp8sim(entry.data(), static_cast<size_t>(dout - c.rope_dim), 64);
+    }
+    entries.insert(entries.end(), entry.begin(), entry.end());
+    ++added;
+    if (overlap) {
+      std::swap(s.prev_a, s.cur_a);
+      std::swap(s.prev_s, s.cur_s);
+      s.has_prev = true;
+    }
+    s.n_cur = 0;
+  }
+  return added;
+}
+
+}  // namespace
+
+Model::Model(ModelWeights weights) : w_(std::move(weights)) {
+  const ModelConfig& c = w_.cfg;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    bool compressed = c.ratio(l) > 0;
+    rope_.push_back(make_rope(c.rope_dim, compressed ? c.compress_rope_theta : c.rope_theta, compressed, c.yarn_factor,
+                              c.yarn_original, c.yarn_beta_fast, c.yarn_beta_slow));
+  }
+}
+
+void Model::forward(SequenceState& st, const int32_t* tokens, int64_t T, float* logits) const {
+  const ModelConfig& c = w_.cfg;
+  const int64_t D = c.dim, hc = c.hc;
+  if (T <= 0) return;
+  for (int64_t t = 0; t < T; ++t)
+    if (tokens[t] < 0 || tokens[t] >= c.vocab)
+      throw Error("token id " + std::to_string(tokens[t]) + " at index " + std::to_string(t) + " is outside the vocabulary [0, " +
+                  std::to_string(c.vocab) + ")");
+  if (static_cast<int64_t>(st.layers.size()) != c.n_layers) throw Error("sequence state does not belong to this model");
+  const int64_t p0 = st.pos;
+
+  Buf X = zeros(T * hc * D);
+  Buf e(static_cast<size_t>(D));
+  for (int64_t t = 0; t < T; ++t) {
+    dequant_row(w_.embed, tokens[t], e.data());
+    for (int64_t i = 0; i < hc; ++i) std::copy(e.begin(), e.end(), X.begin() + (t * hc + i) * D);
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) block(l, w_.layers[l], st.layers[l], X.data(), tokens, T, p0);
+  st.pos += T;
+  if (!logits) return;
+
+  // hc_head: collapse the hc copies with sigmoid weights, then final norm and the head.
+  Buf y = zeros(T * D);
+  const int64_t n = hc * D;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xf = X.data() + t * n;
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(xf[i]) * xf[i];
+    float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + c.eps));
+    for (int64_t i = 0; i < hc; ++i) {
+      float m = dot(w_.hc_head.fn.data() + i * n, xf, n) * rs;
+      float p = sigmoid(m * w_.hc_head.scale[0] + w_.hc_head.base[i]) + static_cast<float>(c.hc_eps);
+      for (int64_t d = 0; d < D; ++d) y[t * D + d] += p * xf[i * D + d];
+    }
+    rmsnorm(y.data() + t * D, w_.norm.data(), D, c.eps, y.data() + t * D);
+  }
+  matmul(w_.head, y.data(), T, logits);
+}
+
+void Model::block(int64_t l, const LayerW& L, LayerState& ls, float* X, const int32_t* tokens, int64_t T, int64_t p0) const {
+  const ModelConfig& c = w_.cfg;
+  const int64_t D = c.dim, hc = c.hc;
+  Buf x = zeros(T * D), post = zeros(T * hc), comb = zeros(T * hc * hc), f = zeros(T * D);
+
+  hc_pre(c, L.hc_attn, X, T, x.data(), post.data(), comb.data());
+  for (int64_t t = 0; t < T; ++t) rmsnorm(x.data() + t * D, L.attn_norm.data(), D, c.eps, x.data() + t * D);
+  attention(L, rope_[l], ls, x.data(), T, p0, f.data());
+  hc_post(c, f.data(), post.data(), comb.data(), X, T);
+
+  hc_pre(c, L.hc_ffn, X, T, x.data(), post.data(), comb.data());
+  for (int64_t t = 0; t < T; ++t) rmsnorm(x.data() + t * D, L.ffn_norm.data(), D, c.eps, x.data() + t * D);
+  std::fill(f.begin(), f.end(), 0.0f);
+  moe(L, x.data(), tokens, T, f.data());
+  hc_post(c, f.data(), post.data(), comb.data(), X, T);
+}
+
+void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, const float* x, int64_t T, int64_t p0, float* out) const {
+  const ModelConfig& c = w_.cfg;
+  const AttentionW& A = L.attn;
+  const int64_t H = c.n_heads, d = c.head_dim, W = c.window, Qr = c.q_lora, r = c.rope_dim;
+  const float eps = static_cast<float>(c.eps);
+
+  // Queries: low-rank path, unweighted per-head norm, RoPE.
+  Buf qr = zeros(T * Qr), q = zeros(T * H * d), kv = zeros(T * d);
+  matmul(A.wq_a, x, T, qr.data());
+  for (int64_t t = 0; t < T; ++t) rmsnorm(qr.data() + t * Qr, A.q_norm.data(), Qr, eps, qr.data() + t * Qr);
+  matmul(A.wq_b, qr.data(), T, q.data());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      float* qh = q.data() + (t * H + h) * d;
+      rmsnorm(qh, nullptr, d, eps, qh);
+      rope.apply(qh, d, p0 + t);
+    }
+  // The single KV head: norm, RoPE, FP8 simulation of the non-rope part.
+  matmul(A.wkv, x, T, kv.data());
+  for (int64_t t = 0; t < T; ++t) {
+    float* k = kv.data() + t * d;
+    rmsnorm(k, A.kv_norm.data(), d, eps, k);
+    rope.apply(k, d, p0 + t);
+    fp8sim(k, static_cast<size_t>(d - r), 64);
+  }
+
+  // Compressed entries for blocks closing in this chunk (visible to later queries of the chunk).
+  const int64_t ratio = L.ratio;
+  if (ratio > 0) {
+    int64_t added = compress(c, *A.comp, ls.comp, rope, x, T, p0, false, ls.entries);
+    if (ratio == 4) {
+      int64_t added_i = compress(c, A.indexer->comp, ls.index_comp, rope, x, T, p0, true, ls.index_keys);
+      if (added_i != added) throw Error("internal: indexer and main compressor disagree");
+    }
+    ls.n_entries += added;
+  }
+
+  // Indexer queries and head weights (ratio 4 only).
+  const int64_t HI = c.index_heads, dI = c.index_dim;
+  Buf qi, wi;
+  if (ratio == 4) {
+    const IndexerW& ix = *A.indexer;
+    qi = zeros(T * HI * dI);
+    wi = zeros(T * HI);
+    matmul(ix.wq_b, qr.data(), T, qi.data());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < HI; ++h) {
+        float* v = qi.data() + (t * HI + h) * dI;
+        rope.apply(v, dI, p0 + t);
+        hadamard(v, dI);
+        fp4sim(v, static_cast<size_t>(dI), 32);
+      }
+    matmul(ix.weights_proj, x, T, wi.data());
+    const float ws = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dI)) / std::sqrt(static_cast<double>(HI)));
+    for (float& v : wi) v *= ws;
+  }
+
+  Buf o = zeros(T * H * d);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  thread_pool().parallel_for(T, [&](int64_t b, int64_t e) {
+    std::vector<const float*> keys;
+    std::vector<float> s, iscore;
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t pos = p0 + t;
+      keys.clear();
+      for (int64_t j = std::max<int64_t>(0, pos - W + 1); j <= pos; ++j)
+        keys.push_back(j >= p0 ? kv.data() + (j - p0) * d : ls.window_kv.data() + (j % W) * d);
+      if (ratio > 0) {
+        const int64_t vis = (pos + 1) / ratio;
+        if (ratio != 4) {
+          for (int64_t bb = 0; bb < vis; ++bb) keys.push_back(ls.entries.data() + bb * d);
+        } else if (vis > 0) {
+          iscore.assign(static_cast<size_t>(vis), 0.0f);
+          for (int64_t bb = 0; bb < vis; ++bb) {
+            const float* K = ls.index_keys.data() + bb * dI;
+            float sc = 0;
+            for (int64_t h = 0; h < HI; ++h)
+              sc += wi[t * HI + h] * std::max(0.0f, dot(qi.data() + (t * HI + h) * dI, K, dI));
+            iscore[bb] = sc;
+          }
+          for (int32_t bb : topk(iscore.data(), vis, c.index_topk)) keys.push_back(ls.entries.data() + bb * d);
+        }
+      }
+      s.resize(keys.size());
+      for (int64_t h = 0; h < H; ++h) {
+        const float* qh = q.data() + (t * H + h) * d;
+        float mx = A.sink[h];
+        for (size_t j = 0; j < keys.size(); ++j) mx = std::max(mx, s[j] = dot(qh, keys[j], d) * scale);
+        float den = std::exp(A.sink[h] - mx);  // the sink only adds to the denominator
+        for (size_t j = 0; j < keys.size(); ++j) den += (s[j] = std::exp(s[j] - mx));
+        float* oh = o.data() + (t * H + h) * d;
+        for (size_t j = 0; j < keys.size(); ++j) {
+          const float p = s[j] / den;
+          for (int64_t k = 0; k < d; ++k) oh[k] += p * keys[j][k];
+        }
+        rope.apply(oh, d, pos, /*inverse=*/true);
+      }
+    }
+  });
+
+  // The window ring keeps the last W positions for later chunks.
+  for (int64_t t = std::max<int64_t>(0, T - W); t < T; ++t)
+    std::copy(kv.begin() + t * d, kv.begin() + (t + 1) * d, ls.window_kv.begin() + ((p0 + t) % W) * d);
+
+  // Grouped low-rank output projection.
+  const int64_t G = c.o_groups, Ro = c.o_lora, gw = H * d / G;
+  Buf z = zeros(T * G * Ro);
+  for (int64_t g = 0; g < G; ++g) matmul(A.wo_a, g * Ro, (g + 1) * Ro, o.data() + g * gw, H * d, T, z.data() + g * Ro, G * Ro);
+  matmul(A.wo_b, z.data(), T, out);
+}
+
+void Model::moe(const LayerW& L, const float* x, const int32_t* tokens, int64_t T, float* out) const {
+  const ModelConfig& c = w_.cfg;
+  const MoEW& F = L.ffn;
+  const int64_t D = c.dim, E = c.n_experts, k = c.n_active, I = c.moe_inter;
+  const float lim = static_cast<float>(c.swiglu_limit);
+
+  Buf logits = zeros(T * E);
+  matmul(F.gate, x, T, logits.data());
+  // Routing: per expert, the tokens it serves and their weights.
+  std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
+  Buf a(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < E; ++i) a[i] = std::sqrt(softplus(logits[t * E + i]));
+    std::vector<int32_t> ids;
+    if (L.hash) {
+      ids.assign(F.tid2eid.begin() + tokens[t] * k, F.tid2eid.begin() + (tokens[t] + 1) * k);
+    } else {
+      for (int64_t i = 0; i < E; ++i) biased[i] = a[i] + F.bias[i];  // the bias only selects
+      ids = topk(biased.data(), E, k);
+    }
+    float sum = 0;
+    for (int32_t id : ids) sum += a[id];
+    for (int32_t id : ids) routed[id].push_back({t, a[id] / sum * static_cast<float>(c.route_scale)});
+  }
+
+  auto run_expert = [&](const ExpertW& ew, const std::vector<std::pair<int64_t, float>>& toks) {
+    const int64_t n = static_cast<int64_t>(toks.size());
+    if (n == 0) return;
+    Buf xs = zeros(n * D), g = zeros(n * I), u = zeros(n * I), y = zeros(n * D);
+    for (int64_t i = 0; i < n; ++i) std::copy(x + toks[i].first * D, x + (toks[i].first + 1) * D, xs.begin() + i * D);
+    matmul(ew.w1, xs.data(), n, g.data());
+    matmul(ew.w3, xs.data(), n, u.data());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < I; ++j) {
+        float gv = g[i * I + j], uv = u[i * I + j];
+        if (lim > 0) {  // asymmetric clamp: the gate only from above
+          uv = std::clamp(uv, -lim, lim);
+          gv = std::min(gv, lim);
+        }
+        g[i * I + j] = silu(gv) * uv * toks[i].second;
+      }
+    matmul(ew.w2, g.data(), n, y.data());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t dd = 0; dd < D; ++dd) out[toks[i].first * D + dd] += y[i * D + dd];
+  };
+  for (int64_t e = 0; e < E; ++e) run_expert(F.experts[e], routed[e]);
+  std::vector<std::pair<int64_t, float>> all;
+  for (int64_t t = 0; t < T; ++t) all.push_back({t, 1.0f});
+  run_expert(F.shared, all);
+}
+
+}  // namespace dsv4

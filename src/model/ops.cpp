@@ -1,0 +1,105 @@
+#include "model/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/threads.h"
+
+namespace dsv4 {
+
+float dot(const float* a, const float* b, int64_t n) {
+  // 16 partial sums: vectorisable and less rounding drift than one serial chain.
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
+  float s = 0;
+  for (; i < n; ++i) s += a[i] * b[i];
+  for (int j = 0; j < 16; ++j) s += acc[j];
+  return s;
+}
+
+void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy) {
+  const int64_t cols = w.cols;
+  thread_pool().parallel_for(r1 - r0, [&](int64_t b, int64_t e) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t i = b; i < e; ++i) {
+      dequant_row(w, r0 + i, row.data());
+      for (int64_t t = 0; t < T; ++t) y[t * ldy + i] = dot(row.data(), x + t * ldx, cols);
+    }
+  });
+}
+
+void matmul(const QWeight& w, const float* x, int64_t T, float* y) { matmul(w, 0, w.rows, x, w.cols, T, y, w.rows); }
+
+void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* y) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  for (int64_t i = 0; i < n; ++i) y[i] = (w ? w[i] : 1.0f) * (x[i] * rs);
+}
+
+RopeTable make_rope(int64_t rope_dim, double base, bool yarn, double factor, int64_t original, double beta_fast, double beta_slow) {
+  RopeTable t;
+  t.rope_dim = rope_dim;
+  const int64_t half = rope_dim / 2;
+  t.freq.resize(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    t.freq[i] = static_cast<float>(1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(rope_dim)));
+  if (yarn) {
+    const double pi = 3.14159265358979323846;
+    auto cd = [&](double n) { return rope_dim * std::log(original / (n * 2 * pi)) / (2 * std::log(base)); };
+    double low = std::max(std::floor(cd(beta_fast)), 0.0);
+    double high = std::min(std::ceil(cd(beta_slow)), static_cast<double>(rope_dim - 1));
+    if (low == high) high += 0.001;
+    for (int64_t i = 0; i < half; ++i) {
+      float ramp = std::clamp(static_cast<float>((i - low) / (high - low)), 0.0f, 1.0f);
+      t.freq[i] = t.freq[i] / static_cast<float>(factor) * ramp + t.freq[i] * (1.0f - ramp);
+    }
+  }
+  return t;
+}
+
+void RopeTable::apply(float* v, int64_t n, int64_t pos, bool inverse) const {
+  float* p = v + (n - rope_dim);
+  for (size_t i = 0; i < freq.size(); ++i) {
+    // float32 angle, as the reference builds its table.
+    float ang = static_cast<float>(pos) * freq[i];
+    float c = static_cast<float>(std::cos(static_cast<double>(ang)));
+    float s = static_cast<float>(std::sin(static_cast<double>(ang)));
+    if (inverse) s = -s;
+    float a = p[2 * i], b = p[2 * i + 1];
+    p[2 * i] = a * c - b * s;
+    p[2 * i + 1] = a * s + b * c;
+  }
+}
+
+void hadamard(float* x, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t i = 0; i < n; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  float s = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+std::vector<int32_t> topk(const float* v, int64_t n, int64_t k) {
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  k = std::min(k, n);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+    return v[a] > v[b] || (v[a] == v[b] && a < b);
+  });
+  idx.resize(static_cast<size_t>(k));
+  return idx;
+}
+
+}  // namespace dsv4

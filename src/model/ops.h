@@ -1,0 +1,42 @@
+#pragma once
+// CPU reference primitives of the DeepSeek-V4 forward, in float32. Each one has a test
+// against plain math (tests/test_ops.cpp). Matrices are row-major.
+#include <cstdint>
+#include <vector>
+
+#include "core/weight.h"
+
+namespace dsv4 {
+
+// y[t*ldy + (r - r0)] = dot(W[r, :], x[t*ldx : t*ldx + cols]) for r in [r0, r1), t < T.
+// Each weight row is dequantised once and reused for all T tokens; rows run in parallel.
+void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy);
+// Whole weight, dense output [T, rows].
+void matmul(const QWeight& w, const float* x, int64_t T, float* y);
+
+float dot(const float* a, const float* b, int64_t n);
+
+// y = w * x / sqrt(mean(x^2) + eps); w may be null (unweighted). In place allowed.
+void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* y);
+
+// RoPE frequencies of one layer (MODEL.md "Building blocks"): base^(-2i/r) in float32, with
+// YaRN correction when `yarn` is set.
+struct RopeTable {
+  int64_t rope_dim = 0;
+  std::vector<float> freq;  // rope_dim / 2
+  // Rotates the last rope_dim values of v (length n) by pos (inverse: by -pos), interleaved pairs.
+  void apply(float* v, int64_t n, int64_t pos, bool inverse = false) const;
+};
+RopeTable make_rope(int64_t rope_dim, double base, bool yarn, double factor, int64_t original, double beta_fast, double beta_slow);
+
+// Sylvester-ordered Walsh-Hadamard transform times n^-1/2 (n a power of two), in place.
+void hadamard(float* x, int64_t n);
+
+float silu(float x);
+float softplus(float x);
+float sigmoid(float x);
+
+// Indices of the k largest values (ties to the lower index), in descending value order.
+std::vector<int32_t> topk(const float* v, int64_t n, int64_t k);
+
+}  // namespace dsv4
