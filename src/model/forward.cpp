@@ -8,6 +8,10 @@
 #include "core/error.h"
 #include "core/formats.h"
 #include "core/threads.h"
+#include "model/attention.h"
+#include "model/compressor.h"
+#include "model/moe.h"
+#include "model/mhc.h"
 
 namespace dsv4 {
 
@@ -16,137 +20,6 @@ namespace {
 using Buf = std::vector<float>;
 
 Buf zeros(int64_t n) { return Buf(static_cast<size_t>(n), 0.0f); }
-
-// hc_pre of one sublayer for every token: the mixed input x [T, D], post [T, hc] and the
-// Sinkhorn-normalised combination C [T, hc, hc].
-void hc_pre(const ModelConfig& c, const HcMixW& mix, const float* X, int64_t T, float* x, float* post, float* comb) {
-  const int64_t hc = c.hc, D = c.dim, n = hc * D, M = c.hc_mix();
-  const float eps = static_cast<float>(c.hc_eps);
-  thread_pool().parallel_for(T, [&](int64_t b, int64_t e) {
-    std::vector<float> m(static_cast<size_t>(M));
-    for (int64_t t = b; t < e; ++t) {
-      const float* xf = X + t * n;
-      double ss = 0;
-      for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(xf[i]) * xf[i];
-      float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + c.eps));
-      for (int64_t k = 0; k < M; ++k) m[k] = dot(mix.fn.data() + k * n, xf, n) * rs;
-      float pre[16];
-      for (int64_t i = 0; i < hc; ++i) pre[i] = sigmoid(m[i] * mix.scale[0] + mix.base[i]) + eps;
-      for (int64_t j = 0; j < hc; ++j) post[t * hc + j] = 2.0f * sigmoid(m[hc + j] * mix.scale[1] + mix.base[hc + j]);
-      float* C = comb + t * hc * hc;
-      for (int64_t k = 0; k < hc * hc; ++k) C[k] = m[2 * hc + k] * mix.scale[2] + mix.base[2 * hc + k];
-      // Row softmax, then alternate column / row normalisation (Sinkhorn).
-      for (int64_t i = 0; i < hc; ++i) {
-        float* row = C + i * hc;
-        float mx = *std::max_element(row, row + hc), s = 0;
-        for (int64_t j = 0; j < hc; ++j) s += (row[j] = std::exp(row[j] - mx));
-        for (int64_t j = 0; j < hc; ++j) row[j] = row[j] / s + eps;
-      }
-      auto norm_cols = [&] {
-        for (int64_t j = 0; j < hc; ++j) {
-          float s = 0;
-          for (int64_t i = 0; i < hc; ++i) s += C[i * hc + j];
-          for (int64_t i = 0; i < hc; ++i) C[i * hc + j] /= s + eps;
-        }
-      };
-      auto norm_rows = [&] {
-        for (int64_t i = 0; i < hc; ++i) {
-          float s = 0;
-          for (int64_t j = 0; j < hc; ++j) s += C[i * hc + j];
-          for (int64_t j = 0; j < hc; ++j) C[i * hc + j] /= s + eps;
-        }
-      };
-      norm_cols();
-      for (int64_t it = 1; it < c.sinkhorn_iters; ++it) {
-        norm_rows();
-        norm_cols();
-      }
-      float* xo = x + t * D;
-      for (int64_t d = 0; d < D; ++d) {
-        float s = 0;
-        for (int64_t i = 0; i < hc; ++i) s += pre[i] * xf[i * D + d];
-        xo[d] = s;
-      }
-    }
-  });
-}
-
-// hc_post: X'_j = post_j * f + sum_i C_ij X_i, in place on X.
-void hc_post(const ModelConfig& c, const float* f, const float* post, const float* comb, float* X, int64_t T) {
-  const int64_t hc = c.hc, D = c.dim;
-  thread_pool().parallel_for(T, [&](int64_t b, int64_t e) {
-    Buf old(static_cast<size_t>(hc * D));
-    for (int64_t t = b; t < e; ++t) {
-      float* Xt = X + t * hc * D;
-      std::copy(Xt, Xt + hc * D, old.begin());
-      const float* C = comb + t * hc * hc;
-      for (int64_t j = 0; j < hc; ++j)
-        for (int64_t d = 0; d < D; ++d) {
-          float s = post[t * hc + j] * f[t * D + d];
-          for (int64_t i = 0; i < hc; ++i) s += C[i * hc + j] * old[i * D + d];
-          Xt[j * D + d] = s;
-        }
-    }
-  });
-}
-
-// Feeds the compressor the rows of positions p0..p0+T-1 and appends every entry whose block
-// closes inside the chunk to `entries` (out_dim floats each). Returns the number appended.
-int64_t compress(const ModelConfig& c, const CompressorW& w, CompressorState& s, const RopeTable& rope, const float* x,
-                 int64_t T, int64_t p0, bool indexer, std::vector<float>& entries) {
-  const int64_t width = s.width, dout = w.out_dim, ratio = w.ratio;
-  Buf a = zeros(T * width), g = zeros(T * width);
-  matmul(w.wkv, x, T, a.data());
-  matmul(w.wgate, x, T, g.data());
-  int64_t added = 0;
-  Buf entry(static_cast<size_t>(dout));
-  std::vector<float> sc, va;
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t pos = p0 + t, slot = pos % ratio;
-    const float* ape = w.ape.data() + slot * width;
-    for (int64_t k = 0; k < width; ++k) {
-      s.cur_a[slot * width + k] = a[t * width + k];
-      s.cur_s[slot * width + k] = g[t * width + k] + ape[k];  // ape biases the scores only
-    }
-    s.n_cur = slot + 1;
-    if (slot != ratio - 1) continue;
-    // Block b = pos / ratio closes here. Ratio 4 pools the previous block through channels
-    // [0, dout) and this block through [dout, 2*dout); other ratios pool this block only.
-    const bool overlap = ratio == 4;
-    const int64_t off = overlap ? dout : 0;
-    for (int64_t ch = 0; ch < dout; ++ch) {
-      sc.clear();
-      va.clear();
-      if (overlap && s.has_prev)
-        for (int64_t r = 0; r < ratio; ++r) sc.push_back(s.prev_s[r * width + ch]), va.push_back(s.prev_a[r * width + ch]);
-      for (int64_t r = 0; r < ratio; ++r) sc.push_back(s.cur_s[r * width + off + ch]), va.push_back(s.cur_a[r * width + off + ch]);
-      float mx = *std::max_element(sc.begin(), sc.end()), den = 0, num = 0;
-      for (size_t i = 0; i < sc.size(); ++i) {
-        float p = std::exp(sc[i] - mx);
-        den += p;
-        num += p * va[i];
-      }
-      entry[ch] = num / den;
-    }
-    rmsnorm(entry.data(), w.norm.data(), dout, c.eps, entry.data());
-    rope.apply(entry.data(), dout, (pos / ratio) * ratio);  // at the block's first position
-    if (indexer) {
-      hadamard(entry.data(), dout);
-      fp4sim(entry.data(), static_cast<size_t>(dout), 32);
-    } else {
-      fp8sim(entry.data(), static_cast<size_t>(dout - c.rope_dim), 64);
-    }
-    entries.insert(entries.end(), entry.begin(), entry.end());
-    ++added;
-    if (overlap) {
-      std::swap(s.prev_a, s.cur_a);
-      std::swap(s.prev_s, s.cur_s);
-      s.has_prev = true;
-    }
-    s.n_cur = 0;
-  }
-  return added;
-}
 
 }  // namespace
 
@@ -276,40 +149,21 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   thread_pool().parallel_for(T, [&](int64_t b, int64_t e) {
     std::vector<const float*> keys;
-    std::vector<float> s, iscore;
     for (int64_t t = b; t < e; ++t) {
       const int64_t pos = p0 + t;
       keys.clear();
       for (int64_t j = std::max<int64_t>(0, pos - W + 1); j <= pos; ++j)
         keys.push_back(j >= p0 ? kv.data() + (j - p0) * d : ls.window_kv.data() + (j % W) * d);
-      if (ratio > 0) {
-        const int64_t vis = (pos + 1) / ratio;
-        if (ratio != 4) {
-          for (int64_t bb = 0; bb < vis; ++bb) keys.push_back(ls.entries.data() + bb * d);
-        } else if (vis > 0) {
-          iscore.assign(static_cast<size_t>(vis), 0.0f);
-          for (int64_t bb = 0; bb < vis; ++bb) {
-            const float* K = ls.index_keys.data() + bb * dI;
-            float sc = 0;
-            for (int64_t h = 0; h < HI; ++h)
-              sc += wi[t * HI + h] * std::max(0.0f, dot(qi.data() + (t * HI + h) * dI, K, dI));
-            iscore[bb] = sc;
-          }
-          for (int32_t bb : topk(iscore.data(), vis, c.index_topk)) keys.push_back(ls.entries.data() + bb * d);
-        }
+      const int64_t vis = ratio > 0 ? (pos + 1) / ratio : 0;  // entries whose block has closed
+      if (ratio == 4) {
+        for (int32_t bb : indexer_topk(qi.data() + t * HI * dI, wi.data() + t * HI, ls.index_keys.data(), vis, HI, dI, c.index_topk))
+          keys.push_back(ls.entries.data() + bb * d);
+      } else {
+        for (int64_t bb = 0; bb < vis; ++bb) keys.push_back(ls.entries.data() + bb * d);
       }
-      s.resize(keys.size());
       for (int64_t h = 0; h < H; ++h) {
-        const float* qh = q.data() + (t * H + h) * d;
-        float mx = A.sink[h];
-        for (size_t j = 0; j < keys.size(); ++j) mx = std::max(mx, s[j] = dot(qh, keys[j], d) * scale);
-        float den = std::exp(A.sink[h] - mx);  // the sink only adds to the denominator
-        for (size_t j = 0; j < keys.size(); ++j) den += (s[j] = std::exp(s[j] - mx));
         float* oh = o.data() + (t * H + h) * d;
-        for (size_t j = 0; j < keys.size(); ++j) {
-          const float p = s[j] / den;
-          for (int64_t k = 0; k < d; ++k) oh[k] += p * keys[j][k];
-        }
+        attend_with_sink(q.data() + (t * H + h) * d, keys, d, A.sink[h], scale, oh);
         rope.apply(oh, d, pos, /*inverse=*/true);
       }
     }
@@ -336,19 +190,12 @@ void Model::moe(const LayerW& L, const float* x, const int32_t* tokens, int64_t 
   matmul(F.gate, x, T, logits.data());
   // Routing: per expert, the tokens it serves and their weights.
   std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
-  Buf a(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
+  std::vector<int32_t> ids(static_cast<size_t>(k));
+  std::vector<float> wts(static_cast<size_t>(k));
   for (int64_t t = 0; t < T; ++t) {
-    for (int64_t i = 0; i < E; ++i) a[i] = std::sqrt(softplus(logits[t * E + i]));
-    std::vector<int32_t> ids;
-    if (L.hash) {
-      ids.assign(F.tid2eid.begin() + tokens[t] * k, F.tid2eid.begin() + (tokens[t] + 1) * k);
-    } else {
-      for (int64_t i = 0; i < E; ++i) biased[i] = a[i] + F.bias[i];  // the bias only selects
-      ids = topk(biased.data(), E, k);
-    }
-    float sum = 0;
-    for (int32_t id : ids) sum += a[id];
-    for (int32_t id : ids) routed[id].push_back({t, a[id] / sum * static_cast<float>(c.route_scale)});
+    route_token(logits.data() + t * E, E, k, L.hash ? nullptr : F.bias.data(), L.hash ? F.tid2eid.data() + tokens[t] * k : nullptr,
+                c.route_scale, ids.data(), wts.data());
+    for (int64_t j = 0; j < k; ++j) routed[ids[j]].push_back({t, wts[j]});
   }
 
   auto run_expert = [&](const ExpertW& ew, const std::vector<std::pair<int64_t, float>>& toks) {
@@ -358,15 +205,7 @@ void Model::moe(const LayerW& L, const float* x, const int32_t* tokens, int64_t 
     for (int64_t i = 0; i < n; ++i) std::copy(x + toks[i].first * D, x + (toks[i].first + 1) * D, xs.begin() + i * D);
     matmul(ew.w1, xs.data(), n, g.data());
     matmul(ew.w3, xs.data(), n, u.data());
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < I; ++j) {
-        float gv = g[i * I + j], uv = u[i * I + j];
-        if (lim > 0) {  // asymmetric clamp: the gate only from above
-          uv = std::clamp(uv, -lim, lim);
-          gv = std::min(gv, lim);
-        }
-        g[i * I + j] = silu(gv) * uv * toks[i].second;
-      }
+    for (int64_t i = 0; i < n; ++i) swiglu_clamped(g.data() + i * I, u.data() + i * I, I, lim, toks[i].second);
     matmul(ew.w2, g.data(), n, y.data());
     for (int64_t i = 0; i < n; ++i)
       for (int64_t dd = 0; dd < D; ++dd) out[toks[i].first * D + dd] += y[i * D + dd];
