@@ -223,20 +223,23 @@ LayerW bind_layer(const Binder& b, const std::string& pfx, const ModelConfig& c,
 }  // namespace
 
 std::string ModelWeights::format_summary() const {
-  std::set<std::string> kinds;
-  auto note = [&](const QWeight& q) { kinds.insert(wformat_name(q.fmt)); };
-  std::set<std::string> experts;
+  auto join = [](const std::set<std::string>& k) {
+    std::string s;
+    for (const auto& x : k) s += (s.empty() ? "" : "+") + x;
+    return s;
+  };
+  std::set<std::string> linears, experts;
   for (const LayerW& L : layers) {
-    note(L.attn.wq_a);
-    note(L.ffn.shared.w1);
+    linears.insert(wformat_name(L.attn.wq_a.fmt));
+    linears.insert(wformat_name(L.ffn.shared.w1.fmt));
     for (const ExpertW& e : L.ffn.experts) experts.insert(wformat_name(e.w1.fmt));
   }
-  std::string s = std::string(layout_name(layout)) + " names; linears ";
-  bool first = true;
-  for (const auto& k : kinds) s += (first ? "" : "+") + k, first = false;
-  s += "; routed experts ";
-  first = true;
-  for (const auto& k : experts) s += (first ? "" : "+") + k, first = false;
+  std::string s = std::string(layout_name(layout)) + " names; linears " + join(linears) + "; routed experts " + join(experts);
+  if (mtp) {
+    std::set<std::string> m;
+    for (const ExpertW& e : mtp->block.ffn.experts) m.insert(wformat_name(e.w1.fmt));
+    s += "; MTP experts " + join(m);
+  }
   return s;
 }
 
