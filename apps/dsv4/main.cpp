@@ -34,10 +34,12 @@ Commands:
   make-tiny   Write a random checkpoint at small dimensions that exercises every layer kind
               (window-only, CSA, HCA, hash-routed MoE, MTP).
       --out DIR          output directory (created)
-      --preset NAME      tiny | small (default tiny)
+      --preset NAME      tiny | small | demo (default tiny); demo has the real 129280-token
+                         vocabulary so it can be paired with the real tokenizer
       --format F         native | nvfp4 | hf-bf16 (default native)
       --seed S           random seed (default 0)
       --shards N         number of safetensors shards (default 1)
+      --tokenizer DIR    copy DIR/tokenizer.json (or a tokenizer.json file) into the model
 
   inspect     Describe a checkpoint: layout and formats, config summary, layer kinds, bytes
               per dtype.
@@ -149,6 +151,7 @@ int cmd_make_tiny(const Args& a) {
   o.format = a.str("format", "native");
   o.seed = static_cast<uint64_t>(a.integer("seed", 0));
   o.shards = static_cast<int>(a.integer("shards", 1));
+  o.tokenizer_dir = a.str("tokenizer", "");
   a.check_all_used();
   make_tiny(o);
   std::fprintf(stderr, "dsv4 make-tiny: wrote %s (preset %s, format %s, seed %llu, %d shard%s)\n", o.out_dir.c_str(),

@@ -52,6 +52,13 @@ const std::vector<Preset>& presets() {
         .q_lora = 256, .o_groups = 4, .o_lora = 256, .n_experts = 8, .n_active = 3,
         .moe_inter = 256, .n_hash = 3, .window = 32, .index_heads = 8, .index_dim = 128,
         .index_topk = 8, .compress_ratios = {4, 16, 4, 0, 4, 16, 0}}},
+      // The real 129280-token vocabulary at toy width, so `generate` runs end to end with the
+      // real tokenizer (the text is meaningless: the weights are random).
+      {"demo",
+       {.vocab = 129280, .dim = 128, .n_layers = 4, .n_heads = 2, .head_dim = 128, .rope_dim = 64,
+        .q_lora = 64, .o_groups = 1, .o_lora = 64, .n_experts = 4, .n_active = 2,
+        .moe_inter = 64, .n_hash = 1, .window = 16, .index_heads = 2, .index_dim = 128,
+        .index_topk = 4, .compress_ratios = {0, 4, 16, 4, 0}}},
   };
   return table;
 }
@@ -581,8 +588,21 @@ static void remove_previous_checkpoint(const std::string& out_dir) {
   for (const auto& e : fs::directory_iterator(out_dir)) {
     const std::string n = e.path().filename().string();
     const bool shard = n.rfind("model", 0) == 0 && n.size() > 12 && n.ends_with(".safetensors");
-    if (shard || n == "model.safetensors.index.json" || n == "config.json" || n == "hf_quant_config.json") fs::remove(e.path());
+    if (shard || n == "model.safetensors.index.json" || n == "config.json" || n == "hf_quant_config.json" ||
+        n == "tokenizer.json" || n == "tokenizer_config.json")
+      fs::remove(e.path());
   }
+}
+
+// The tokenizer files travel with the model so `generate --model DIR` finds them.
+static void copy_tokenizer(const std::string& from, const std::filesystem::path& to) {
+  namespace fs = std::filesystem;
+  if (from.empty()) return;
+  const fs::path src = fs::is_directory(from) ? fs::path(from) / "tokenizer.json" : fs::path(from);
+  if (!fs::exists(src)) throw Error("make_tiny: no tokenizer.json at " + src.string());
+  fs::copy_file(src, to / "tokenizer.json", fs::copy_options::overwrite_existing);
+  const fs::path cfg = src.parent_path() / "tokenizer_config.json";
+  if (fs::exists(cfg)) fs::copy_file(cfg, to / "tokenizer_config.json", fs::copy_options::overwrite_existing);
 }
 
 void make_tiny(const TinyOptions& opt) {
@@ -605,6 +625,7 @@ void make_tiny(const TinyOptions& opt) {
   const std::filesystem::path dir(opt.out_dir);
   write_json(dir / "config.json", j);
   if (fmt == Format::NVFP4) write_json(dir / "hf_quant_config.json", hf_quant_config());
+  copy_tokenizer(opt.tokenizer_dir, dir);
 }
 
 }  // namespace dsv4

@@ -11,10 +11,11 @@ namespace dsv4 {
 
 struct TinyOptions {
   std::string out_dir;
-  std::string preset = "tiny";    // tiny | small
+  std::string preset = "tiny";    // tiny | small | demo
   std::string format = "native";  // native | nvfp4 | hf-bf16
   uint64_t seed = 0;
   int shards = 1;
+  std::string tokenizer_dir;  // optional: tokenizer.json (file or directory) copied into out_dir
 };
 
 // The configuration a preset stands for (throws dsv4::Error for an unknown preset).
