@@ -79,6 +79,7 @@ void validate(const ModelConfig& c, const std::string& w) {
   pos(c.moe_inter, "moe_intermediate_size");
   pos(c.hc, "hc_mult");
   pos(c.sinkhorn_iters, "hc_sinkhorn_iters");
+  require(c.hc <= 16, w, "hc_mult must be <= 16, got " + std::to_string(c.hc));
   require(c.rope_dim % 2 == 0, w, "qk_rope_head_dim must be even, got " + std::to_string(c.rope_dim));
   require(c.head_dim > c.rope_dim, w, "head_dim (" + std::to_string(c.head_dim) + ") must exceed qk_rope_head_dim (" + std::to_string(c.rope_dim) + ")");
   require((c.head_dim - c.rope_dim) % 64 == 0, w, "head_dim - qk_rope_head_dim must be a multiple of 64 (fp8 blocks), got " + std::to_string(c.head_dim - c.rope_dim));
