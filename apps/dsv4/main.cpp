@@ -34,6 +34,29 @@ Commands:
       --shards N         number of safetensors shards (default 1)
       --tokenizer DIR    copy DIR/tokenizer.json (or a tokenizer.json file) into the model
 
+  generate    Render a one-user-turn chat, generate, and stream the answer to stdout.
+      --model DIR        model directory (holds tokenizer.json unless --tokenizer is given)
+      --prompt TEXT      the user message (raw mode: the whole prompt text)
+      --mode M           thinking | chat | raw (default thinking; raw applies no template)
+      -n N               max new tokens (default 256)
+      --temperature T    0 = greedy (default 0)
+      --top-k K          keep the K most likely tokens (default 0 = off)
+      --top-p P          nucleus sampling mass (default 1 = off)
+      --min-p P          drop tokens below P x the best token's probability (default 0 = off)
+      --repetition-penalty R, --presence-penalty P   penalties on tokens already seen
+      --seed S           sampling seed (default 0); same seed, same output
+      --stop STR         stop before this text (may be given several times); EOS always stops
+      --show-reasoning   print the reasoning (thinking mode) to stderr, dimmed on a terminal
+      --reasoning-effort max   the official encoder's maximum-effort instruction
+      --tokenizer DIR    tokenizer.json location (default: the model directory)
+      --context N        context limit in tokens (default: the model's max positions)
+      --chunk C, --threads N   prefill chunk size, worker threads
+      A timing summary (prompt tokens, prefill and decode tok/s) goes to stderr.
+
+  chat        Interactive multi-turn chat on stdin/stdout through the chat encoding.
+              Same options as generate except --prompt; also --system TEXT.
+              Commands: /reset clears the conversation, /exit quits.
+
   inspect     Describe a checkpoint: layout and formats, config summary, layer kinds, bytes
               per dtype.
       --model DIR
@@ -61,10 +84,12 @@ int main(int argc, char** argv) {
         std::fputs(kHelp, stdout);
         return 0;
       }
-    Args args(argc, argv, 2);
+    Args args(argc, argv, 2, {"show-reasoning"});
     if (cmd == "score") return cmd_score(args);
     if (cmd == "make-tiny") return cmd_make_tiny(args);
     if (cmd == "inspect") return cmd_inspect(args);
+    if (cmd == "generate") return cmd_generate(args);
+    if (cmd == "chat") return cmd_chat(args);
     throw Usage("unknown command '" + cmd + "' (try dsv4 --help)");
   } catch (const Usage& e) {
     std::fprintf(stderr, "dsv4: %s\n", e.what());

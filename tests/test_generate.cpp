@@ -1,0 +1,175 @@
+// Generation on the tiny golden model with the real tokenizer: greedy == argmax of score,
+// max tokens, stop tokens and strings, seeded determinism, UTF-8-safe streaming, context limit.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/error.h"
+#include "gen/generate.h"
+#include "golden_util.h"
+#include "model/score.h"
+
+using namespace dsv4;
+using namespace dsv4::testing;
+
+namespace {
+
+std::string tokenizer_dir() {
+  if (const char* e = std::getenv("DSV4_TOKENIZER_DIR")) return e;
+  return (std::filesystem::path(DSV4_BIN).parent_path() / "deps" / "tokenizer").string();
+}
+
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    i += n;
+  }
+  return true;
+}
+
+class Generate : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string t = tokenizer_dir();
+    if (!std::filesystem::exists(t + "/tokenizer.json")) return;
+    tok_ = new Tokenizer(Tokenizer::load(t));
+    model_ = new Model(load_model(golden_dir("tiny-native") + "/model"));
+  }
+  static void TearDownTestSuite() {
+    delete tok_;
+    delete model_;
+    tok_ = nullptr;
+    model_ = nullptr;
+  }
+  void SetUp() override {
+    if (!tok_) GTEST_SKIP() << "no tokenizer.json in " << tokenizer_dir() << " (scripts/test.sh fetches it)";
+  }
+  GenerateResult gen(const std::vector<int32_t>& prompt, const GenerateOptions& o, std::vector<std::string>* pieces = nullptr) {
+    Session s = new_session(*model_);
+    return generate(*model_, s, *tok_, prompt, o, [&](std::string_view t) {
+      if (pieces) pieces->emplace_back(t);
+    });
+  }
+  static inline Tokenizer* tok_ = nullptr;
+  static inline Model* model_ = nullptr;
+  const std::vector<int32_t> prompt_ = {0, 17, 254, 3, 99, 512, 7, 81};
+};
+
+}  // namespace
+
+TEST_F(Generate, GreedyEqualsArgmaxOfScore) {
+  GenerateOptions o;
+  o.max_new_tokens = 24;
+  o.stop_tokens = {};
+  GenerateResult r = gen(prompt_, o);
+  ASSERT_FALSE(r.tokens.empty());
+  std::vector<int32_t> all = prompt_;
+  all.insert(all.end(), r.tokens.begin(), r.tokens.end());
+  std::vector<float> logits = score_tokens(*model_, all, static_cast<int64_t>(prompt_.size()), 0);
+  const int64_t V = model_->config().vocab;
+  for (size_t i = 0; i < r.tokens.size(); ++i) {
+    const float* row = logits.data() + (prompt_.size() - 1 + i) * V;
+    EXPECT_EQ(std::max_element(row, row + V) - row, r.tokens[i]) << "step " << i;
+  }
+}
+
+TEST_F(Generate, MaxTokensAndStopToken) {
+  GenerateOptions o;
+  o.max_new_tokens = 10;
+  GenerateResult r = gen(prompt_, o);
+  if (r.stop_reason == "eos") GTEST_SKIP() << "model emitted EOS early";
+  EXPECT_EQ(r.stop_reason, "max_tokens");
+  EXPECT_EQ(r.tokens.size(), 10u);
+  o.stop_tokens = {r.tokens[4]};
+  GenerateResult s = gen(prompt_, o);
+  auto first = std::find(r.tokens.begin(), r.tokens.end(), r.tokens[4]) - r.tokens.begin();
+  EXPECT_EQ(s.stop_reason, "stop_token");
+  EXPECT_EQ(static_cast<int64_t>(s.tokens.size()), first);
+  o.max_new_tokens = 0;
+  EXPECT_TRUE(gen(prompt_, o).tokens.empty());
+}
+
+TEST_F(Generate, StopStringCutsTextAndStreamHoldsItBack) {
+  GenerateOptions o;
+  o.max_new_tokens = 16;
+  GenerateResult r = gen(prompt_, o);
+  ASSERT_GE(r.text.size(), 4u);
+  // A stop string taken from the middle of the greedy text.
+  size_t mid = r.text.size() / 2;
+  while (mid > 0 && (static_cast<unsigned char>(r.text[mid]) & 0xC0) == 0x80) --mid;
+  std::string stop = r.text.substr(mid, std::min<size_t>(3, r.text.size() - mid));
+  size_t first = r.text.find(stop);
+  o.stop_strings = {stop};
+  std::vector<std::string> pieces;
+  GenerateResult s = gen(prompt_, o, &pieces);
+  EXPECT_EQ(s.stop_reason, "stop_string");
+  EXPECT_EQ(s.text, r.text.substr(0, first));
+  std::string streamed;
+  for (const auto& p : pieces) streamed += p;
+  EXPECT_EQ(streamed, s.text);
+}
+
+TEST_F(Generate, SeededSamplingIsDeterministic) {
+  GenerateOptions o;
+  o.max_new_tokens = 20;
+  o.sampling.temperature = 1.0f;
+  o.sampling.top_p = 0.95f;
+  o.sampling.seed = 42;
+  GenerateResult a = gen(prompt_, o), b = gen(prompt_, o);
+  EXPECT_EQ(a.tokens, b.tokens);
+  o.sampling.seed = 43;
+  GenerateResult c = gen(prompt_, o);
+  EXPECT_NE(a.tokens, c.tokens);
+}
+
+TEST_F(Generate, StreamingNeverSplitsACharacter) {
+  // Sampling at a high temperature over a 1024-token vocabulary produces many byte-level pieces
+  // of multi-byte characters; every streamed piece must still be valid UTF-8.
+  GenerateOptions o;
+  o.max_new_tokens = 64;
+  o.sampling.temperature = 3.0f;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    o.sampling.seed = seed;
+    std::vector<std::string> pieces;
+    GenerateResult r = gen(prompt_, o, &pieces);
+    std::string all;
+    for (const auto& p : pieces) {
+      EXPECT_TRUE(valid_utf8(p)) << "piece splits a character";
+      all += p;
+    }
+    EXPECT_EQ(all, r.text);
+  }
+}
+
+TEST_F(Generate, ContextLimitAndBadPrompt) {
+  GenerateOptions o;
+  o.context_limit = 8;
+  EXPECT_THROW(gen(prompt_, o), Error);  // 8 prompt tokens leave no room
+  o.context_limit = 12;
+  o.max_new_tokens = 100;
+  GenerateResult r = gen(prompt_, o);
+  EXPECT_EQ(r.stop_reason == "eos" || r.stop_reason == "context_limit", true);
+  EXPECT_LE(prompt_.size() + r.tokens.size(), 12u);
+  EXPECT_THROW(gen({5, 5000}, GenerateOptions{}), Error);  // id outside the tiny vocabulary
+}
+
+TEST_F(Generate, SessionReusesThePrefix) {
+  GenerateOptions o;
+  o.max_new_tokens = 4;
+  Session s = new_session(*model_);
+  GenerateResult a = generate(*model_, s, *tok_, prompt_, o, nullptr);
+  std::vector<int32_t> longer = s.fed;
+  longer.push_back(5);
+  longer.push_back(6);
+  GenerateResult b = generate(*model_, s, *tok_, longer, o, nullptr);
+  EXPECT_EQ(b.prompt_tokens, 2);
+  Session fresh = new_session(*model_);
+  GenerateResult c = generate(*model_, fresh, *tok_, longer, o, nullptr);
+  EXPECT_EQ(b.tokens, c.tokens);
+}
