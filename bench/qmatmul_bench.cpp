@@ -1,0 +1,396 @@
+// qmatmul benchmark: measures the machine (streaming read bandwidth, peak FMA rate), then
+// qmatmul per stored format: GEMV (T=1) over weights larger than the last-level cache, reported
+// as GB/s of weight bytes and as a fraction of the measured bandwidth; GEMM (T=512) reported as
+// GFLOP/s and as a fraction of the measured FMA peak; and the fused-vs-GEMM crossover in T.
+//
+// Usage: qmatmul_bench [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N]
+// GCC 12's intrinsic headers build _mm*_undefined_*() from self-initialised locals, which
+// trips -Wuninitialized once inlined (GCC PR 105593); silence it for the header only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/threads.h"
+#include "core/weight.h"
+#include "cpu/qmatmul.h"
+
+using namespace dsv4;
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Stats {
+  double best = 0, worst = 0, median = 0;
+};
+
+// Runs fn reps times; returns best/median/worst of the rate computed as amount / seconds.
+template <class Fn>
+Stats rate(int reps, double amount, Fn fn) {
+  std::vector<double> r;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = now_s();
+    fn();
+    r.push_back(amount / (now_s() - t0));
+  }
+  std::sort(r.begin(), r.end());
+  return {r.back(), r.front(), r[r.size() / 2]};
+}
+
+// ---------------------------------------------------------------- machine
+
+struct AlignedBytes {
+  uint8_t* p = nullptr;
+  size_t n = 0;
+  explicit AlignedBytes(size_t bytes) : n(bytes) {
+    p = static_cast<uint8_t*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+    if (p == nullptr) {
+      std::fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
+      std::exit(1);
+    }
+  }
+  ~AlignedBytes() { std::free(p); }
+  AlignedBytes(const AlignedBytes&) = delete;
+  AlignedBytes& operator=(const AlignedBytes&) = delete;
+};
+
+__attribute__((target("avx512f"))) float read512(const uint8_t* p, size_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  const float* f = reinterpret_cast<const float*>(p);
+  for (size_t i = 0; i + 64 <= n / 4; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_load_ps(f + i));
+    a1 = _mm512_add_ps(a1, _mm512_load_ps(f + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_load_ps(f + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_load_ps(f + i + 48));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+__attribute__((target("avx2"))) float read256(const uint8_t* p, size_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  const float* f = reinterpret_cast<const float*>(p);
+  for (size_t i = 0; i + 32 <= n / 4; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_load_ps(f + i));
+    a1 = _mm256_add_ps(a1, _mm256_load_ps(f + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_load_ps(f + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_load_ps(f + i + 24));
+  }
+  alignas(32) float o[8];
+  _mm256_store_ps(o, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return o[0] + o[1] + o[2] + o[3] + o[4] + o[5] + o[6] + o[7];
+}
+
+float read_scalar(const uint8_t* p, size_t n) {
+  const float* f = reinterpret_cast<const float*>(p);
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (size_t i = 0; i + 4 <= n / 4; i += 4) {
+    s0 += f[i];
+    s1 += f[i + 1];
+    s2 += f[i + 2];
+    s3 += f[i + 3];
+  }
+  return s0 + s1 + s2 + s3;
+}
+
+// Streaming read of the whole buffer, split over the pool in 1 MiB-aligned pieces.
+double bandwidth(const AlignedBytes& buf, int reps, Stats* st) {
+  const size_t piece = 1 << 20, npieces = buf.n / piece;
+  std::vector<float> sink(256);
+  auto fn = [&] {
+    thread_pool().parallel_for(static_cast<int64_t>(npieces), [&](int64_t b, int64_t e) {
+      const uint8_t* p = buf.p + b * piece;
+      const size_t n = static_cast<size_t>(e - b) * piece;
+      float s;
+      if (isa_supported(Isa::AVX512)) {
+        s = read512(p, n);
+      } else if (isa_supported(Isa::AVX2)) {
+        s = read256(p, n);
+      } else {
+        s = read_scalar(p, n);
+      }
+      sink[static_cast<size_t>(b) % sink.size()] = s;
+    });
+  };
+  fn();  // warm (page faults)
+  *st = rate(reps, static_cast<double>(npieces * piece) / 1e9, fn);
+  return st->best;
+}
+
+// Independent FMA chains: 2 * 16 lanes * 12 accumulators * iters flops per thread.
+__attribute__((target("avx512f,fma"))) float fma512(int64_t iters) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(static_cast<float>(i) * 1e-3f);
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (int64_t k = 0; k < iters; ++k) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
+  }
+  __m512 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx2,fma"))) float fma256(int64_t iters) {
+  __m256 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(static_cast<float>(i) * 1e-3f);
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  for (int64_t k = 0; k < iters; ++k) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
+  }
+  __m256 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, a[i]);
+  alignas(32) float o[8];
+  _mm256_store_ps(o, s);
+  return o[0] + o[7];
+}
+
+double peak_fma(Isa isa, int reps, Stats* st) {
+  const int64_t iters = 20'000'000;
+  const int threads = thread_pool().size();
+  const int lanes = isa == Isa::AVX512 ? 16 : 8;
+  std::vector<float> sink(static_cast<size_t>(threads));
+  auto fn = [&] {
+    thread_pool().parallel_for(threads, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) sink[static_cast<size_t>(i)] = isa == Isa::AVX512 ? fma512(iters) : fma256(iters);
+    });
+  };
+  *st = rate(reps, 2.0 * lanes * 12 * static_cast<double>(iters) * threads / 1e9, fn);
+  return st->best;
+}
+
+// ---------------------------------------------------------------- weights
+
+// Fast deterministic fill (xorshift per 1 MiB piece, in parallel).
+void fill_random(uint8_t* p, size_t n, uint64_t seed) {
+  const size_t piece = 1 << 20;
+  thread_pool().parallel_for(static_cast<int64_t>((n + piece - 1) / piece), [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      uint64_t s = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(k) * 0xD1B54A32D192ED03ull + 1;
+      const size_t lo = static_cast<size_t>(k) * piece, hi = std::min(n, lo + piece);
+      for (size_t i = lo; i < hi; i += 8) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        std::memcpy(p + i, &s, std::min<size_t>(8, hi - i));
+      }
+    }
+  });
+}
+
+// Makes random bytes valid, moderate values of the format (no NaN/inf/subnormal floats).
+void sanitize(WFormat f, uint8_t* p, size_t n) {
+  thread_pool().parallel_for(static_cast<int64_t>(n / 4096 + 1), [&](int64_t b, int64_t e) {
+    const size_t lo = static_cast<size_t>(b) * 4096, hi = std::min(n, static_cast<size_t>(e) * 4096);
+    if (f == WFormat::F32) {
+      for (size_t i = lo; i + 4 <= hi; i += 4) {
+        uint32_t u;
+        std::memcpy(&u, p + i, 4);
+        u = (u & 0x807FFFFFu) | ((120u + ((u >> 23) & 7u)) << 23);
+        std::memcpy(p + i, &u, 4);
+      }
+    } else if (f == WFormat::BF16 || f == WFormat::F16) {
+      for (size_t i = lo; i + 2 <= hi; i += 2) {
+        uint16_t h;
+        std::memcpy(&h, p + i, 2);
+        h = f == WFormat::BF16 ? static_cast<uint16_t>((h & 0x807Fu) | ((120u + ((h >> 7) & 7u)) << 7))
+                               : static_cast<uint16_t>((h & 0x83FFu) | ((10u + ((h >> 10) & 7u)) << 10));
+        std::memcpy(p + i, &h, 2);
+      }
+    } else if (f == WFormat::FP8Block) {
+      for (size_t i = lo; i < hi; ++i)
+        if ((p[i] & 0x7F) == 0x7F) p[i] ^= 1;
+    }
+  });
+}
+
+struct WeightSet {
+  std::vector<QWeight> ws;
+  size_t bytes = 0;
+  AlignedBytes data;
+  std::vector<uint8_t> scales;
+  WeightSet(WFormat f, int64_t rows, int64_t cols, int count)
+      : data(static_cast<size_t>(count) * payload(f, rows, cols)) {
+    const size_t pb = payload(f, rows, cols);
+    fill_random(data.p, data.n, static_cast<uint64_t>(f) + 1);
+    sanitize(f, data.p, data.n);
+    int64_t sc = 0, srows = 0;
+    uint8_t lo = 0, span = 1;
+    if (f == WFormat::FP8Block) {
+      sc = (cols + 127) / 128, srows = (rows + 127) / 128, lo = 120, span = 10;
+    } else if (f == WFormat::MXFP4) {
+      sc = (cols + 31) / 32, srows = rows, lo = 120, span = 10;
+    } else if (f == WFormat::NVFP4) {
+      sc = (cols + 15) / 16, srows = rows, lo = 0x30, span = 16;  // e4m3 0.125 .. 0.9
+    }
+    scales.resize(static_cast<size_t>(count * sc * srows));
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<uint8_t>(lo + (i * 7) % span);
+    for (int k = 0; k < count; ++k) {
+      QWeight w;
+      w.fmt = f;
+      w.rows = rows;
+      w.cols = cols;
+      w.data = data.p + static_cast<size_t>(k) * pb;
+      w.scale = sc ? scales.data() + static_cast<size_t>(k * sc * srows) : nullptr;
+      w.scale_cols = sc;
+      w.scale2 = 0.5f;
+      w.name = wformat_name(f);
+      bytes += w.stored_bytes();
+      ws.push_back(w);
+    }
+  }
+  static size_t payload(WFormat f, int64_t rows, int64_t cols) {
+    QWeight w;
+    w.fmt = f;
+    w.rows = rows;
+    w.cols = cols;
+    w.scale_cols = 0;
+    return w.stored_bytes();
+  }
+};
+
+constexpr WFormat kFormats[] = {WFormat::F32, WFormat::BF16, WFormat::F16, WFormat::FP8Block, WFormat::MXFP4,
+                                WFormat::NVFP4};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int reps = 5, threads = 0;
+  double gib = 1.0;
+  std::string isa_arg;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+    } else if (a == "--reps" && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else if (a == "--gib" && i + 1 < argc) {
+      gib = std::atof(argv[++i]);
+    } else if (a == "--isa" && i + 1 < argc) {
+      isa_arg = argv[++i];
+    } else if (a == "--threads" && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (quick) gib = std::min(gib, 0.25), reps = std::min(reps, 3);
+  if (!isa_arg.empty()) {
+    const Isa isa = isa_arg == "scalar" ? Isa::Scalar : isa_arg == "avx2" ? Isa::AVX2 : Isa::AVX512;
+    if (!isa_supported(isa)) {
+      std::fprintf(stderr, "ISA %s not supported here\n", isa_arg.c_str());
+      return 2;
+    }
+    set_isa_override(isa);
+  }
+  set_threads(threads);
+  const int nthr = thread_pool().size();
+  const Isa isa = active_isa();
+  std::printf("qmatmul_bench: isa=%s threads=%d reps=%d weights=%.2f GiB per format (GEMV)\n", isa_name(isa), nthr,
+              reps, gib);
+
+  // Machine.
+  Stats st;
+  {
+    AlignedBytes buf(static_cast<size_t>(1) << 30);
+    fill_random(buf.p, buf.n, 99);
+    sanitize(WFormat::F32, buf.p, buf.n);
+    set_threads(1);
+    const double bw1 = bandwidth(buf, reps, &st);
+    std::printf("read bandwidth, 1 thread : best %6.2f GB/s (worst %6.2f)\n", bw1, st.worst);
+    set_threads(threads);
+  }
+  double bw = 0;
+  {
+    AlignedBytes buf(static_cast<size_t>(1) << 30);
+    fill_random(buf.p, buf.n, 98);
+    sanitize(WFormat::F32, buf.p, buf.n);
+    bw = bandwidth(buf, reps, &st);
+  }
+  std::printf("read bandwidth, %d threads: best %6.2f GB/s (worst %6.2f, median %6.2f)\n", nthr, bw, st.worst,
+              st.median);
+  const Isa fisa = isa == Isa::Scalar ? (isa_supported(Isa::AVX2) ? Isa::AVX2 : Isa::Scalar) : isa;
+  double peak = 0;
+  if (fisa != Isa::Scalar) {
+    peak = peak_fma(fisa, reps, &st);
+    std::printf("peak FMA (%s, %d threads): best %7.1f GFLOP/s (worst %7.1f)\n", isa_name(fisa), nthr, peak,
+                st.worst);
+  }
+
+  // GEMV over > LLC of weights: a set of 4096 x 7168 matrices, each called once per repetition.
+  const int64_t rows = 4096, cols = 7168;
+  std::printf("\nGEMV T=1, %lld x %lld matrices, each read once per pass\n", static_cast<long long>(rows),
+              static_cast<long long>(cols));
+  std::printf("%-9s %5s %9s %9s %9s %7s %9s\n", "format", "mats", "MiB", "best GB/s", "worst", "of bw", "ms/mat");
+  std::vector<float> x(static_cast<size_t>(512 * cols));
+  fill_random(reinterpret_cast<uint8_t*>(x.data()), x.size() * 4, 5);
+  sanitize(WFormat::F32, reinterpret_cast<uint8_t*>(x.data()), x.size() * 4);
+  std::vector<float> y(static_cast<size_t>(512 * rows));
+  for (WFormat f : kFormats) {
+    const size_t per = WeightSet::payload(f, rows, cols);
+    const int count = std::max(1, static_cast<int>(gib * (1u << 30) / static_cast<double>(per)));
+    WeightSet set(f, rows, cols, count);
+    auto pass = [&] {
+      for (const QWeight& w : set.ws) qmatmul(w, 0, rows, x.data(), cols, 1, y.data(), rows);
+    };
+    pass();
+    const Stats s = rate(reps, static_cast<double>(set.bytes) / 1e9, pass);
+    std::printf("%-9s %5d %9.0f %9.2f %9.2f %6.0f%% %9.3f\n", wformat_name(f), count,
+                static_cast<double>(set.bytes) / (1 << 20), s.best, s.worst, 100.0 * s.best / bw,
+                1e3 * static_cast<double>(set.bytes) / 1e9 / s.best / count);
+  }
+
+  // Fused vs GEMM path across T (one 4096 x 7168 matrix, L3-resident after the first call).
+  const int64_t Ts[] = {1, 2, 4, 8, 12, 16, 24, 32, 64};
+  std::printf("\nT sweep (GFLOP/s), fused path vs GEMM path, one %lld x %lld matrix\n", static_cast<long long>(rows),
+              static_cast<long long>(cols));
+  for (WFormat f : {WFormat::FP8Block, WFormat::MXFP4, WFormat::BF16}) {
+    WeightSet set(f, rows, cols, 1);
+    std::printf("%-9s", wformat_name(f));
+    for (int64_t T : Ts) std::printf(" %7lld", static_cast<long long>(T));
+    std::printf("\n");
+    for (int path : {1 << 20, 0}) {
+      set_qmatmul_fused_max_tokens(path);
+      std::printf("  %-6s ", path ? "fused" : "gemm");
+      for (int64_t T : Ts) {
+        auto call = [&] { qmatmul(set.ws[0], 0, rows, x.data(), cols, T, y.data(), rows); };
+        call();
+        const Stats s = rate(quick ? 2 : 3, 2.0 * rows * cols * static_cast<double>(T) / 1e9, call);
+        std::printf(" %7.1f", s.best);
+      }
+      std::printf("\n");
+    }
+  }
+  set_qmatmul_fused_max_tokens(-1);
+  std::printf("(default fused_max_tokens = %d)\n", qmatmul_fused_max_tokens());
+
+  // GEMM T=512.
+  const int64_t T = 512;
+  std::printf("\nGEMM T=%lld, %lld x %lld, GFLOP/s (peak FMA %.1f)\n", static_cast<long long>(T),
+              static_cast<long long>(rows), static_cast<long long>(cols), peak);
+  std::printf("%-9s %10s %10s %7s\n", "format", "best", "worst", "of peak");
+  for (WFormat f : kFormats) {
+    WeightSet set(f, rows, cols, 1);
+    auto call = [&] { qmatmul(set.ws[0], 0, rows, x.data(), cols, T, y.data(), rows); };
+    call();
+    const Stats s = rate(quick ? 2 : 3, 2.0 * rows * cols * static_cast<double>(T) / 1e9, call);
+    std::printf("%-9s %10.1f %10.1f %6.0f%%\n", wformat_name(f), s.best, s.worst, peak > 0 ? 100.0 * s.best / peak : 0.0);
+  }
+  return 0;
+}

@@ -1,0 +1,44 @@
+#pragma once
+// Fused dequantise + matmul over stored weights (QWeight), with runtime ISA dispatch.
+//
+// qmatmul has exactly the semantics of ops.h's matmul:
+//   y[t*ldy + (r - r0)] = sum_c W[r, c] * x[t*ldx + c]   for r in [r0, r1), t < T,
+// rows split over the persistent pool. Weights are decoded in registers from their stored bytes
+// (F32, BF16, F16, FP8Block, MXFP4, NVFP4); each weight byte is read from memory once per call.
+// Small T runs a fused decode+dot kernel over token tiles; large T decodes row panels into an
+// L2-resident float buffer and runs a register-blocked GEMM microkernel over token tiles.
+//
+// Every ISA path computes the same products as dequant_row's values times x; only the order of
+// summation differs (results agree to float rounding). Not reproduced: E4M3 NaN weight codes
+// (0x7F/0xFF), E8M0 NaN scales, and FP8Block scales >= 2^120 / MXFP4 scales >= 2^127.
+#include <cstdint>
+
+#include "core/weight.h"
+
+namespace dsv4 {
+
+enum class Isa { Scalar, AVX2, AVX512 };
+
+const char* isa_name(Isa isa);
+// Whether this CPU can run `isa` (Scalar always can). AVX2 needs avx2+fma+f16c; AVX512 needs
+// avx512f/bw/vl/dq as well.
+bool isa_supported(Isa isa);
+// The fastest supported ISA.
+Isa best_isa();
+// The ISA qmatmul uses: the override if set, else DSV4_ISA=scalar|avx2|avx512 (read once; an
+// unsupported or unknown value falls back to best_isa() with a note on stderr), else best_isa().
+Isa active_isa();
+// Forces an ISA for later calls (tests, benchmarks); throws Error if the CPU lacks it.
+void set_isa_override(Isa isa);
+void clear_isa_override();
+
+// Largest T handled by the fused kernel; larger T goes to the panel GEMM path. Exposed so tests
+// can exercise both paths at every T and benchmarks can find the crossover: 0 sends every T to
+// the GEMM path, a negative value restores the default.
+void set_qmatmul_fused_max_tokens(int t);
+int qmatmul_fused_max_tokens();
+
+void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
+             int64_t ldy);
+
+}  // namespace dsv4

@@ -1,0 +1,220 @@
+// AVX-512 qmatmul kernels. Only functions carrying the target attribute use AVX-512, so this
+// file is compiled with the project's baseline flags and the binary still runs on CPUs without
+// it (qmatmul.cpp dispatches here only when the CPU reports avx512f/bw/vl/dq).
+// GCC 12's intrinsic headers build _mm*_undefined_*() from self-initialised locals, which
+// trips -Wuninitialized once inlined (GCC PR 105593); silence it for the header only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/threads.h"
+#include "cpu/qmatmul_impl.h"
+
+namespace dsv4::qmm {
+namespace {
+
+#define DSV4_T512 "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2"
+#define TGT __attribute__((target(DSV4_T512)))
+#define TGTI __attribute__((target(DSV4_T512), always_inline)) inline
+
+struct V {
+  using reg = __m512;
+  static constexpr int W = 16;
+  TGTI static reg zero() { return _mm512_setzero_ps(); }
+  TGTI static reg set1(float v) { return _mm512_set1_ps(v); }
+  TGTI static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  TGTI static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
+  TGTI static reg bcast(const float* p) { return _mm512_set1_ps(*p); }
+  TGTI static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  TGTI static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  TGTI static float hsum(reg v) { return _mm512_reduce_add_ps(v); }
+};
+
+constexpr int kMR = 14;  // 14 rows x 2 vectors of tokens = 28 accumulators
+constexpr int kNVT = 2;
+inline int fused_rows_for(int64_t T) { return T <= 2 ? 4 : 2; }
+
+struct DecBase {
+  const uint8_t* data;
+  const uint8_t* scales;
+  int64_t row_bytes;
+  int64_t scale_cols;
+  int64_t nb;  // scale blocks per row actually used
+  float post = 1.0f;
+  DecBase(const QWeight& w, int64_t rb, int64_t block)
+      : data(w.data), scales(w.scale), row_bytes(rb), scale_cols(w.scale_cols),
+        nb(block > 0 ? (w.cols + block - 1) / block : 0) {}
+  const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
+};
+
+// Mask of the first n (0..16) lanes.
+TGTI __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1u);
+}
+
+struct DecF32 : DecBase {
+  static constexpr int G = 64, NSUB = 1, NV = 4, GB = 256, kSPG = 0;
+  static constexpr bool kScaled = false, kPost = false;
+  struct St {
+    const uint8_t* p;
+  };
+  explicit DecF32(const QWeight& w) : DecBase(w, w.cols * 4, 0) {}
+  static constexpr int pos(int c) { return c; }
+  void prep(int64_t, int64_t, int64_t, float*) const {}
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.p = gp; }
+  TGTI static __m512 vec(const St& st, int k) { return _mm512_loadu_ps(st.p + 64 * k); }
+  TGTI static __m512 scale(const float*, int64_t) { return _mm512_setzero_ps(); }
+};
+
+// 32 bf16 per 64 bytes: even columns from the low halves of each dword, odd from the high.
+struct DecBF16 : DecBase {
+  static constexpr int G = 32, NSUB = 1, NV = 2, GB = 64, kSPG = 0;
+  static constexpr bool kScaled = false, kPost = false;
+  struct St {
+    __m512i v;
+  };
+  explicit DecBF16(const QWeight& w) : DecBase(w, w.cols * 2, 0) {}
+  static constexpr int pos(int c) { return (c & 1) * 16 + (c >> 1); }
+  void prep(int64_t, int64_t, int64_t, float*) const {}
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
+  TGTI static __m512 vec(const St& st, int k) {
+    return k == 0 ? _mm512_castsi512_ps(_mm512_slli_epi32(st.v, 16))
+                  : _mm512_castsi512_ps(_mm512_and_si512(st.v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+  TGTI static __m512 scale(const float*, int64_t) { return _mm512_setzero_ps(); }
+};
+
+struct DecF16 : DecBase {
+  static constexpr int G = 32, NSUB = 1, NV = 2, GB = 64, kSPG = 0;
+  static constexpr bool kScaled = false, kPost = false;
+  struct St {
+    const uint8_t* p;
+  };
+  explicit DecF16(const QWeight& w) : DecBase(w, w.cols * 2, 0) {}
+  static constexpr int pos(int c) { return c; }
+  void prep(int64_t, int64_t, int64_t, float*) const {}
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.p = gp; }
+  TGTI static __m512 vec(const St& st, int k) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(st.p + 32 * k)));
+  }
+  TGTI static __m512 scale(const float*, int64_t) { return _mm512_setzero_ps(); }
+};
+
+// E4M3 -> F16 by moving the bits (sign to bit 15, exponent+mantissa to bits 7..13): the F16
+// value is exactly e4m3 * 2^-8, subnormals included, and vcvtph2ps widens it exactly. The 2^8
+// is folded into the block scale: 2^(b-127) * 2^8 = float with exponent field b + 8.
+struct DecFP8 : DecBase {
+  static constexpr int G = 128, NSUB = 4, NV = 2, GB = 128, kSPG = 1;
+  static constexpr bool kScaled = true, kPost = false;
+  struct St {
+    __m512i h;
+  };
+  explicit DecFP8(const QWeight& w) : DecBase(w, w.cols, 128) {}
+  static constexpr int pos(int c) { return c; }
+  TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
+    const uint8_t* s = scales + (r / 128) * scale_cols + g0;
+    const int64_t n = g1 - g0;
+    for (int64_t i = 0; i < n; i += 16) {
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(first_lanes(n - i), s + i));
+      const __m512i f = _mm512_slli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(8)), 23);
+      _mm512_storeu_ps(sb + i, _mm512_castsi512_ps(f));
+    }
+  }
+  TGTI static void load(const uint8_t* gp, int sub, St& st) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 32 * sub));
+    const __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(b), 7);
+    st.h = _mm512_and_si512(h, _mm512_set1_epi16(static_cast<short>(0xBFFF)));
+  }
+  TGTI static __m512 vec(const St& st, int k) {
+    return k == 0 ? _mm512_cvtph_ps(_mm512_castsi512_si256(st.h)) : _mm512_cvtph_ps(_mm512_extracti64x4_epi64(st.h, 1));
+  }
+  TGTI static __m512 scale(const float* sb, int64_t g) { return _mm512_set1_ps(sb[g]); }
+};
+
+// FP4: 64 bytes = 128 columns. Dword lane i holds bytes 4i..4i+3; shifting it right by 4k puts
+// the nibble of column 8i+k in bits 0..3, which vpermps uses as the index into a 16-entry table.
+// So decoded vector k, lane i is column 8i+k, and all 8 vectors of a group share one scale
+// vector (lane i covers columns 8i..8i+7, inside one 16- or 32-column scale block).
+TGTI __m512 fp4_vec(__m512i v, int k, __m512 table) {
+  return _mm512_permutexvar_ps(k == 0 ? v : _mm512_srli_epi32(v, static_cast<unsigned>(4 * k)), table);
+}
+
+// MXFP4: table holds e2m1/2 and the scale 2^(b-126) (exponent field b+1), so the E8M0 byte 0
+// (2^-127) stays a normal float; the product is the same exact value.
+struct DecMX : DecBase {
+  static constexpr int G = 128, NSUB = 1, NV = 8, GB = 64, kSPG = 4;
+  static constexpr bool kScaled = true, kPost = false;
+  struct St {
+    __m512i v;
+  };
+  explicit DecMX(const QWeight& w) : DecBase(w, w.cols / 2, 32) {}
+  static constexpr int pos(int c) { return (c & 7) * 16 + (c >> 3); }
+  TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
+    const uint8_t* s = scales + r * scale_cols;
+    const int64_t b0 = 4 * g0, n = std::min(4 * g1, nb) - b0, total = 4 * (g1 - g0);
+    for (int64_t i = 0; i < total; i += 16) {
+      const __mmask16 m = first_lanes(n - i);
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s + b0 + i));
+      const __m512i f = _mm512_slli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(1)), 23);
+      _mm512_storeu_ps(sb + i, _mm512_maskz_mov_ps(m, _mm512_castsi512_ps(f)));
+    }
+  }
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
+  TGTI static __m512 vec(const St& st, int k) {
+    const __m512 t = _mm512_setr_ps(0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.5f, 2.0f, 3.0f, -0.0f, -0.25f, -0.5f, -0.75f,
+                                    -1.0f, -1.5f, -2.0f, -3.0f);
+    return fp4_vec(st.v, k, t);
+  }
+  TGTI static __m512 scale(const float* sb, int64_t g) {
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(sb + 4 * g)));
+  }
+};
+
+// NVFP4: exact e2m1 table; the E4M3 block scale decoded exactly (F16 trick, times 2^8).
+struct DecNV : DecBase {
+  static constexpr int G = 128, NSUB = 1, NV = 8, GB = 64, kSPG = 8;
+  static constexpr bool kScaled = true, kPost = true;
+  struct St {
+    __m512i v;
+  };
+  explicit DecNV(const QWeight& w) : DecBase(w, w.cols / 2, 16) { post = w.scale2; }
+  static constexpr int pos(int c) { return (c & 7) * 16 + (c >> 3); }
+  TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
+    const uint8_t* s = scales + r * scale_cols;
+    const int64_t b0 = 8 * g0, n = std::min(8 * g1, nb) - b0, total = 8 * (g1 - g0);
+    for (int64_t i = 0; i < total; i += 16) {
+      const __mmask16 m = first_lanes(n - i);
+      __m256i h = _mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(m, s + b0 + i));
+      h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(static_cast<short>(0xBFFF)));
+      const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+      _mm512_storeu_ps(sb + i, _mm512_maskz_mov_ps(m, f));
+    }
+  }
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
+  TGTI static __m512 vec(const St& st, int k) {
+    const __m512 t = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f,
+                                    -3.0f, -4.0f, -6.0f);
+    return fp4_vec(st.v, k, t);
+  }
+  TGTI static __m512 scale(const float* sb, int64_t g) {
+    const __m512i idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    return _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(_mm256_loadu_ps(sb + 8 * g)));
+  }
+};
+
+#include "cpu/qmatmul_kernels.inc"
+
+}  // namespace
+
+void run_avx512(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
+                int64_t ldy, int fused_max_t) {
+  run_any<DecF32, DecBF16, DecF16, DecFP8, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
+}
+
+}  // namespace dsv4::qmm

@@ -1,0 +1,26 @@
+#pragma once
+// Internals shared by the qmatmul driver (qmatmul.cpp) and its per-ISA kernels
+// (qmatmul_avx2.cpp, qmatmul_avx512.cpp). Not part of the public API.
+#include <cstddef>
+#include <cstdint>
+
+#include "core/weight.h"
+
+namespace dsv4::qmm {
+
+// One ISA's whole qmatmul: packs x, then splits rows over the pool. Arguments are validated.
+using RunFn = void (*)(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T,
+                       float* y, int64_t ldy, int fused_max_t);
+
+void run_avx2(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
+              int64_t ldy, int fused_max_t);
+void run_avx512(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
+                int64_t ldy, int fused_max_t);
+
+// Per-thread, 64-byte aligned scratch that grows on demand and lives until the thread exits.
+// Distinct slots may be held at once; the calling thread owns kSlotX for the packed activations
+// while pool workers (and the caller, as one of them) use the others.
+enum ScratchSlot { kSlotX = 0, kSlotPanel = 1, kSlotScale = 2, kSlotOut = 3, kNumSlots = 4 };
+float* scratch(ScratchSlot slot, size_t floats);
+
+}  // namespace dsv4::qmm

@@ -1,0 +1,352 @@
+// qmatmul (src/cpu): every stored format x every ISA this CPU has x both kernel paths (fused,
+// panel GEMM), against a double-precision reference built from dequant_row, plus a bit-exact
+// decode check (one-hot activations reproduce dequant_row's values) and ISA-vs-ISA agreement.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/weight.h"
+#include "cpu/qmatmul.h"
+
+using namespace dsv4;
+
+namespace {
+
+constexpr WFormat kFormats[] = {WFormat::F32, WFormat::BF16, WFormat::F16, WFormat::FP8Block, WFormat::MXFP4,
+                                WFormat::NVFP4};
+
+// A weight and the bytes it views.
+struct Owned {
+  std::vector<uint8_t> data, scale;
+  QWeight w;
+};
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+uint8_t finite_e4m3(uint32_t v) {
+  const auto b = static_cast<uint8_t>(v);
+  return (b & 0x7F) == 0x7F ? static_cast<uint8_t>(b ^ 0x01) : b;
+}
+
+Owned make_weight(WFormat fmt, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 g(seed);
+  auto u = [&](uint32_t n) { return static_cast<uint32_t>(g() % n); };
+  Owned o;
+  QWeight& w = o.w;
+  w.fmt = fmt;
+  w.rows = rows;
+  w.cols = cols;
+  w.name = std::string("test.") + wformat_name(fmt);
+  const auto n = static_cast<size_t>(rows * cols);
+  switch (fmt) {
+    case WFormat::F32: {
+      std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+      o.data.resize(n * 4);
+      for (size_t i = 0; i < n; ++i) {
+        const float f = d(g);
+        std::memcpy(&o.data[i * 4], &f, 4);
+      }
+      break;
+    }
+    case WFormat::BF16: {
+      std::uniform_real_distribution<float> d(-2.0f, 2.0f);
+      o.data.resize(n * 2);
+      for (size_t i = 0; i < n; ++i) {
+        const float f = d(g);
+        uint32_t b;
+        std::memcpy(&b, &f, 4);
+        const auto h = static_cast<uint16_t>(b >> 16);
+        std::memcpy(&o.data[i * 2], &h, 2);
+      }
+      break;
+    }
+    case WFormat::F16: {
+      o.data.resize(n * 2);
+      for (size_t i = 0; i < n; ++i) {
+        // Exponents 0..20: subnormals included, magnitudes up to 64, never inf/NaN.
+        const auto h = static_cast<uint16_t>((u(2) << 15) | (u(21) << 10) | u(1024));
+        std::memcpy(&o.data[i * 2], &h, 2);
+      }
+      break;
+    }
+    case WFormat::FP8Block: {
+      o.data.resize(n);
+      for (auto& b : o.data) b = finite_e4m3(g());
+      w.scale_cols = cdiv(cols, 128);
+      o.scale.resize(static_cast<size_t>(cdiv(rows, 128) * w.scale_cols));
+      for (auto& b : o.scale) b = static_cast<uint8_t>(112 + u(25));  // 2^-15 .. 2^9
+      break;
+    }
+    case WFormat::MXFP4:
+    case WFormat::NVFP4: {
+      o.data.resize(static_cast<size_t>(rows * (cols / 2)));
+      for (auto& b : o.data) b = static_cast<uint8_t>(g());
+      const int64_t block = fmt == WFormat::MXFP4 ? 32 : 16;
+      w.scale_cols = cdiv(cols, block);
+      o.scale.resize(static_cast<size_t>(rows * w.scale_cols));
+      if (fmt == WFormat::MXFP4) {
+        // Mostly 2^-9 .. 2^6, with the extremes 2^-127 (byte 0, a subnormal) and 2^-126.
+        for (auto& b : o.scale) {
+          const uint32_t k = u(20);
+          b = k == 0 ? 0 : k == 1 ? 1 : static_cast<uint8_t>(118 + u(16));
+        }
+      } else {
+        for (auto& b : o.scale) b = finite_e4m3(g());  // the whole E4M3 range, subnormals and sign
+        w.scale2 = 0.0371f;
+      }
+      break;
+    }
+  }
+  w.data = o.data.data();
+  w.scale = o.scale.empty() ? nullptr : o.scale.data();
+  return o;
+}
+
+struct Problem {
+  int64_t r0, r1, T, ldx, ldy;
+  std::vector<float> x;
+};
+
+Problem make_problem(const QWeight& w, int64_t r0, int64_t r1, int64_t T, uint32_t seed) {
+  Problem p{r0, r1, T, w.cols + 7, (r1 - r0) + 5, {}};
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  // The stride padding is NaN: reading it would poison the result.
+  p.x.assign(static_cast<size_t>(T * p.ldx), std::numeric_limits<float>::quiet_NaN());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < w.cols; ++c) p.x[t * p.ldx + c] = d(g);
+  return p;
+}
+
+constexpr float kSentinel = 12345.0f;
+
+std::vector<float> run(const QWeight& w, const Problem& p) {
+  std::vector<float> y(static_cast<size_t>(p.T * p.ldy), kSentinel);
+  qmatmul(w, p.r0, p.r1, p.x.data(), p.ldx, p.T, y.data(), p.ldy);
+  return y;
+}
+
+// Compares with the double reference: |got - want| <= 1e-5 * sum|w*x| (the scale of the
+// rounding error of any summation order), and checks the ldy padding was not written.
+void check_against_reference(const QWeight& w, const std::vector<float>& deq, const Problem& p,
+                             const std::vector<float>& y, const std::string& what) {
+  const int64_t n = p.r1 - p.r0;
+  int bad = 0;
+  for (int64_t t = 0; t < p.T; ++t) {
+    const float* xt = p.x.data() + t * p.ldx;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* wr = deq.data() + (p.r0 + i) * w.cols;
+      double s = 0, sa = 0;
+      for (int64_t c = 0; c < w.cols; ++c) {
+        const double v = static_cast<double>(wr[c]) * xt[c];
+        s += v;
+        sa += std::fabs(v);
+      }
+      const float got = y[t * p.ldy + i];
+      const double tol = 1e-5 * sa + 1e-30;
+      if (!(std::fabs(got - s) <= tol) && bad++ < 5) {
+        ADD_FAILURE() << what << ": t=" << t << " row=" << p.r0 + i << " got " << got << " want " << s
+                      << " tol " << tol;
+      }
+    }
+    for (int64_t i = n; i < p.ldy; ++i) {
+      if (y[t * p.ldy + i] != kSentinel && bad++ < 5) ADD_FAILURE() << what << ": wrote ldy padding at t=" << t;
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+std::vector<Shape> shapes_for(WFormat f) {
+  if (f == WFormat::MXFP4 || f == WFormat::NVFP4) return {{130, 288}, {37, 96}, {9, 100}};
+  return {{130, 260}, {37, 96}, {9, 5}};
+}
+
+// Path selection: default threshold, everything fused, everything through the GEMM path.
+constexpr int kPaths[] = {-1, 1 << 20, 0};
+const char* path_name(int p) { return p < 0 ? "default" : p == 0 ? "gemm" : "fused"; }
+
+struct IsaGuard {
+  explicit IsaGuard(Isa isa) { set_isa_override(isa); }
+  ~IsaGuard() {
+    clear_isa_override();
+    set_qmatmul_fused_max_tokens(-1);
+  }
+};
+
+void run_isa_suite(Isa isa) {
+  IsaGuard guard(isa);
+  uint32_t seed = 1;
+  for (WFormat f : kFormats) {
+    for (const Shape& s : shapes_for(f)) {
+      const Owned o = make_weight(f, s.rows, s.cols, seed++);
+      const std::vector<float> deq = dequant_all(o.w);
+      for (int64_t T : {1, 3, 8, 37}) {
+        const int64_t r0 = s.rows > 8 ? 5 : 1, r1 = s.rows > 8 ? s.rows - 3 : s.rows;
+        const Problem p = make_problem(o.w, r0, r1, T, seed++);
+        for (int path : kPaths) {
+          if (isa == Isa::Scalar && path != -1) continue;  // one path only
+          set_qmatmul_fused_max_tokens(path);
+          const std::string what = std::string(isa_name(isa)) + " " + wformat_name(f) + " " +
+                                   std::to_string(s.rows) + "x" + std::to_string(s.cols) + " T=" +
+                                   std::to_string(T) + " path=" + path_name(path);
+          check_against_reference(o.w, deq, p, run(o.w, p), what);
+        }
+      }
+    }
+  }
+}
+
+// Larger than one K chunk and one row panel per thread, so chunk accumulation and panel edges run.
+void run_isa_large(Isa isa) {
+  IsaGuard guard(isa);
+  uint32_t seed = 100;
+  for (WFormat f : kFormats) {
+    const bool fp4 = f == WFormat::MXFP4 || f == WFormat::NVFP4;
+    const Owned o = make_weight(f, 300, fp4 ? 2336 : 2200, seed++);
+    const std::vector<float> deq = dequant_all(o.w);
+    for (int64_t T : {1, 5, 40}) {
+      const Problem p = make_problem(o.w, 3, 299, T, seed++);
+      check_against_reference(o.w, deq, p, run(o.w, p),
+                              std::string(isa_name(isa)) + " large " + wformat_name(f) + " T=" + std::to_string(T));
+    }
+  }
+}
+
+// One-hot activations: token t selects column t, so y[t][r] must equal W[r][t] exactly (every
+// other product is zero and every scale multiply is exact) on both paths.
+void run_isa_exact(Isa isa) {
+  IsaGuard guard(isa);
+  uint32_t seed = 200;
+  for (WFormat f : kFormats) {
+    const bool fp4 = f == WFormat::MXFP4 || f == WFormat::NVFP4;
+    const Owned o = make_weight(f, 140, fp4 ? 160 : 150, seed++);
+    const std::vector<float> deq = dequant_all(o.w);
+    const int64_t T = o.w.cols;
+    std::vector<float> x(static_cast<size_t>(T * T), 0.0f);
+    for (int64_t t = 0; t < T; ++t) x[t * T + t] = 1.0f;
+    for (int path : {1 << 20, 0}) {
+      set_qmatmul_fused_max_tokens(path);
+      std::vector<float> y(static_cast<size_t>(T * o.w.rows));
+      qmatmul(o.w, 0, o.w.rows, x.data(), T, T, y.data(), o.w.rows);
+      int bad = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t r = 0; r < o.w.rows; ++r) {
+          const float want = deq[r * o.w.cols + t], got = y[t * o.w.rows + r];
+          if (got != want && bad++ < 5) {
+            ADD_FAILURE() << isa_name(isa) << " " << wformat_name(f) << " path=" << path_name(path) << " W[" << r
+                          << "," << t << "] got " << got << " want " << want;
+          }
+        }
+      EXPECT_EQ(bad, 0);
+    }
+  }
+}
+
+void require(Isa isa) {
+  if (!isa_supported(isa)) GTEST_SKIP() << "CPU lacks " << isa_name(isa);
+}
+
+}  // namespace
+
+TEST(Kernels, IsaQueries) {
+  EXPECT_TRUE(isa_supported(Isa::Scalar));
+  EXPECT_TRUE(isa_supported(best_isa()));
+  EXPECT_TRUE(isa_supported(active_isa()));
+  for (Isa isa : {Isa::Scalar, Isa::AVX2, Isa::AVX512}) {
+    if (isa_supported(isa)) {
+      set_isa_override(isa);
+      EXPECT_EQ(active_isa(), isa);
+    } else {
+      EXPECT_THROW(set_isa_override(isa), Error);
+    }
+  }
+  clear_isa_override();
+  std::printf("best ISA: %s, active: %s\n", isa_name(best_isa()), isa_name(active_isa()));
+}
+
+TEST(Kernels, RejectsBadArguments) {
+  const Owned o = make_weight(WFormat::F32, 4, 8, 7);
+  std::vector<float> x(8, 1.0f), y(4);
+  EXPECT_THROW(qmatmul(o.w, 0, 5, x.data(), 8, 1, y.data(), 4), Error);
+  EXPECT_THROW(qmatmul(o.w, 3, 2, x.data(), 8, 1, y.data(), 4), Error);
+  QWeight empty;
+  EXPECT_THROW(qmatmul(empty, 0, 0, x.data(), 8, 1, y.data(), 4), Error);
+  // Nothing to do: no rows or no tokens.
+  qmatmul(o.w, 2, 2, x.data(), 8, 1, y.data(), 4);
+  qmatmul(o.w, 0, 4, x.data(), 8, 0, y.data(), 4);
+}
+
+TEST(Kernels, Scalar) { run_isa_suite(Isa::Scalar); }
+TEST(Kernels, ScalarLarge) { run_isa_large(Isa::Scalar); }
+
+TEST(Kernels, AVX2) {
+  require(Isa::AVX2);
+  run_isa_suite(Isa::AVX2);
+}
+TEST(Kernels, AVX2Large) {
+  require(Isa::AVX2);
+  run_isa_large(Isa::AVX2);
+}
+TEST(Kernels, AVX2ExactDecode) {
+  require(Isa::AVX2);
+  run_isa_exact(Isa::AVX2);
+}
+
+TEST(Kernels, AVX512) {
+  require(Isa::AVX512);
+  run_isa_suite(Isa::AVX512);
+}
+TEST(Kernels, AVX512Large) {
+  require(Isa::AVX512);
+  run_isa_large(Isa::AVX512);
+}
+TEST(Kernels, AVX512ExactDecode) {
+  require(Isa::AVX512);
+  run_isa_exact(Isa::AVX512);
+}
+
+// Every available ISA gives the same numbers (to rounding) on the same problem.
+TEST(Kernels, IsasAgree) {
+  std::vector<Isa> isas;
+  for (Isa isa : {Isa::Scalar, Isa::AVX2, Isa::AVX512})
+    if (isa_supported(isa)) isas.push_back(isa);
+  uint32_t seed = 300;
+  for (WFormat f : kFormats) {
+    const bool fp4 = f == WFormat::MXFP4 || f == WFormat::NVFP4;
+    const Owned o = make_weight(f, 130, fp4 ? 288 : 260, seed++);
+    const std::vector<float> deq = dequant_all(o.w);
+    for (int64_t T : {1, 3, 8, 37}) {
+      const Problem p = make_problem(o.w, 2, 129, T, seed++);
+      std::vector<std::vector<float>> ys;
+      for (Isa isa : isas) {
+        IsaGuard guard(isa);
+        ys.push_back(run(o.w, p));
+      }
+      int bad = 0;
+      for (size_t k = 1; k < ys.size(); ++k)
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t i = 0; i < p.r1 - p.r0; ++i) {
+            const float* wr = deq.data() + (p.r0 + i) * o.w.cols;
+            double sa = 0;
+            for (int64_t c = 0; c < o.w.cols; ++c) sa += std::fabs(static_cast<double>(wr[c]) * p.x[t * p.ldx + c]);
+            const float a = ys[0][t * p.ldy + i], b = ys[k][t * p.ldy + i];
+            if (!(std::fabs(a - b) <= 2e-5 * sa + 1e-30) && bad++ < 5) {
+              ADD_FAILURE() << wformat_name(f) << " T=" << T << " " << isa_name(isas[0]) << " vs " << isa_name(isas[k])
+                            << ": " << a << " vs " << b;
+            }
+          }
+      EXPECT_EQ(bad, 0) << wformat_name(f) << " T=" << T;
+    }
+  }
+}
