@@ -86,5 +86,8 @@ int cmd_make_tiny(const Args& a);
 int cmd_inspect(const Args& a);
 int cmd_generate(const Args& a);
 int cmd_chat(const Args& a);
+int cmd_tokenize(const Args& a);
+int cmd_detokenize(const Args& a);
+int cmd_chat_template(const Args& a);
 
 }  // namespace dsv4::cli

@@ -1,6 +1,7 @@
 // dsv4 command-line interface: dispatch and help.
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <string>
 
 #include "args.h"
@@ -57,6 +58,21 @@ Commands:
               Same options as generate except --prompt; also --system TEXT.
               Commands: /reset clears the conversation, /exit quits.
 
+  tokenize    Print the token ids of a text (no BOS is added).
+      --tokenizer DIR    directory holding tokenizer.json (or the file itself)
+      --text T | --file F
+      --json             print a JSON array instead of comma-separated ids
+
+  detokenize  Print the text of token ids.
+      --tokenizer DIR, --ids 1,2,3
+
+  chat-template  Render messages with the DeepSeek-V4 chat encoding.
+      --messages F.json  a list of OpenAI-style messages (or a request body with "messages"
+                         and "tools")
+      --mode M           thinking | chat (default thinking)
+      --reasoning-effort max
+      --ids --tokenizer DIR   print the prompt's token ids instead of its text
+
   inspect     Describe a checkpoint: layout and formats, config summary, layer kinds, bytes
               per dtype.
       --model DIR
@@ -84,12 +100,18 @@ int main(int argc, char** argv) {
         std::fputs(kHelp, stdout);
         return 0;
       }
-    Args args(argc, argv, 2, {"show-reasoning"});
+    // Options that take no value, per command ("--ids" is a value for detokenize).
+    std::set<std::string> flags = {"show-reasoning", "json"};
+    if (cmd == "chat-template") flags.insert("ids");
+    Args args(argc, argv, 2, flags);
     if (cmd == "score") return cmd_score(args);
     if (cmd == "make-tiny") return cmd_make_tiny(args);
     if (cmd == "inspect") return cmd_inspect(args);
     if (cmd == "generate") return cmd_generate(args);
     if (cmd == "chat") return cmd_chat(args);
+    if (cmd == "tokenize") return cmd_tokenize(args);
+    if (cmd == "detokenize") return cmd_detokenize(args);
+    if (cmd == "chat-template") return cmd_chat_template(args);
     throw Usage("unknown command '" + cmd + "' (try dsv4 --help)");
   } catch (const Usage& e) {
     std::fprintf(stderr, "dsv4: %s\n", e.what());
