@@ -234,3 +234,20 @@ TEST(Cli, MakeTinyThenScore) {
   expect_one_line_error(dsv4_run("make-tiny --out " + dir + "/x --preset huge"), {"huge"});
   expect_one_line_error(dsv4_run("make-tiny --out " + dir + "/x --format gguf"), {"gguf"});
 }
+
+TEST(Cli, BenchJsonHasEveryField) {
+  std::string cmd = std::string(DSV4_BIN) + " bench --model " + tiny() + "/model --prompt-len 16 --gen 4 --threads 2 --json 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0);
+  nlohmann::json j = nlohmann::json::parse(out);
+  for (const char* k : {"prefill_tok_s", "decode_tok_s", "decode_bytes_per_token", "mem_bw_gb_s", "peak_gflop_s",
+                        "decode_roofline_ratio", "prefill_roofline_ratio", "peak_rss_mb"})
+    EXPECT_GT(j.at(k).get<double>(), 0.0) << k;
+  EXPECT_EQ(j.at("threads").get<int>(), 2);
+  // Every weight of the attention path and the head is read once per decode step, at least.
+  EXPECT_GT(j.at("decode_bytes_per_token").get<double>(), 1e6);
+}

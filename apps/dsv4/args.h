@@ -84,6 +84,7 @@ std::vector<int32_t> parse_tokens(const std::string& s);
 int cmd_score(const Args& a);
 int cmd_make_tiny(const Args& a);
 int cmd_inspect(const Args& a);
+int cmd_bench(const Args& a);
 int cmd_generate(const Args& a);
 int cmd_chat(const Args& a);
 int cmd_tokenize(const Args& a);

@@ -9,6 +9,7 @@
 #include "io/npy.h"
 #include "model/forward.h"
 #include "model/score.h"
+#include "tools/bench.h"
 #include "tools/make_tiny.h"
 
 namespace dsv4::cli {
@@ -112,6 +113,19 @@ int cmd_inspect(const Args& a) {
   std::printf("bytes per dtype:\n");
   for (const auto& [k, v] : by_dtype) std::printf("  %-8s %6zu tensors %14zu bytes\n", k.c_str(), v.first, v.second);
   std::printf("  total    %14zu bytes\n", total);
+  return 0;
+}
+
+int cmd_bench(const Args& a) {
+  BenchOptions o;
+  o.model_dir = a.str("model");
+  o.prompt_len = a.integer("prompt-len", 512);
+  o.gen = a.integer("gen", 16);
+  o.threads = static_cast<int>(a.integer("threads", 0));
+  o.json = a.flag("json");
+  a.check_all_used();
+  BenchResult r = run_bench(o);
+  std::fputs((o.json ? bench_json(r) + "\n" : bench_table(r)).c_str(), stdout);
   return 0;
 }
 

@@ -28,8 +28,9 @@ Commands:
   make-tiny   Write a random checkpoint at small dimensions that exercises every layer kind
               (window-only, CSA, HCA, hash-routed MoE, MTP).
       --out DIR          output directory (created)
-      --preset NAME      tiny | small | demo (default tiny); demo has the real 129280-token
-                         vocabulary so it can be paired with the real tokenizer
+      --preset NAME      tiny | small | demo | flash-proxy (default tiny); demo has the real
+                         129280-token vocabulary so it can be paired with the real tokenizer;
+                         flash-proxy has V4-Flash layer dimensions (4 layers, 32 experts, ~5 GB)
       --format F         native | nvfp4 | hf-bf16 (default native)
       --seed S           random seed (default 0)
       --shards N         number of safetensors shards (default 1)
@@ -77,6 +78,16 @@ Commands:
               per dtype.
       --model DIR
 
+  bench       Measure prefill and decode speed against this machine's limits, measured in the
+              same run (streaming-read bandwidth, FMA peak).
+      --model DIR
+      --prompt-len N     prefill length (default 512)
+      --gen N            decode steps (default 16)
+      --threads N        worker threads (default: all cores)
+      --json             one JSON object: prefill_tok_s, decode_tok_s, decode_bytes_per_token,
+                         mem_bw_gb_s, peak_gflop_s, decode_roofline_ratio,
+                         prefill_roofline_ratio, peak_rss_mb, threads, ...
+
   help, --help, -h       this text
 
 Errors print one line to stderr and exit with status 1 (2 for bad usage).
@@ -107,6 +118,7 @@ int main(int argc, char** argv) {
     if (cmd == "score") return cmd_score(args);
     if (cmd == "make-tiny") return cmd_make_tiny(args);
     if (cmd == "inspect") return cmd_inspect(args);
+    if (cmd == "bench") return cmd_bench(args);
     if (cmd == "generate") return cmd_generate(args);
     if (cmd == "chat") return cmd_chat(args);
     if (cmd == "tokenize") return cmd_tokenize(args);

@@ -1,6 +1,7 @@
 #include "model/ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numeric>
 
@@ -20,7 +21,15 @@ float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+namespace {
+std::atomic<uint64_t> g_weight_bytes{0}, g_flops{0};
+}
+
+MatmulCounters matmul_counters() { return {g_weight_bytes.load(), g_flops.load()}; }
+
 void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy) {
+  g_weight_bytes += static_cast<uint64_t>(static_cast<double>(w.stored_bytes()) * static_cast<double>(r1 - r0) / static_cast<double>(w.rows));
+  g_flops += static_cast<uint64_t>(2 * (r1 - r0) * w.cols * T);
   const int64_t cols = w.cols;
   thread_pool().parallel_for(r1 - r0, [&](int64_t b, int64_t e) {
     std::vector<float> row(static_cast<size_t>(cols));

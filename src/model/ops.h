@@ -16,6 +16,13 @@ void matmul(const QWeight& w, const float* x, int64_t T, float* y);
 
 float dot(const float* a, const float* b, int64_t n);
 
+// Totals over every matmul call so far (for benchmarks): weight bytes read in their stored form
+// and multiply-add FLOPs (2 per weight per token).
+struct MatmulCounters {
+  uint64_t weight_bytes = 0, flops = 0;
+};
+MatmulCounters matmul_counters();
+
 // y = w * x / sqrt(mean(x^2) + eps); w may be null (unweighted). In place allowed.
 void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* y);
 

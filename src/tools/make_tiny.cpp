@@ -33,6 +33,8 @@ struct PresetDims {
   int64_t n_experts, n_active, moe_inter, n_hash, window;
   int64_t index_heads, index_dim, index_topk;
   std::vector<int64_t> compress_ratios;  // n_layers + 1 entries (last = MTP)
+  int64_t n_mtp = 1;
+  double route_scale = 2.5;
 };
 
 struct Preset {
@@ -59,6 +61,13 @@ const std::vector<Preset>& presets() {
         .q_lora = 64, .o_groups = 1, .o_lora = 64, .n_experts = 4, .n_active = 2,
         .moe_inter = 64, .n_hash = 1, .window = 16, .index_heads = 2, .index_dim = 128,
         .index_topk = 4, .compress_ratios = {0, 4, 16, 4, 0}}},
+      // Benchmark proxy: the real V4-Flash layer dimensions with 4 layers (window, CSA, HCA,
+      // CSA), 32 experts and no MTP block, so it fits in a few GB.
+      {"flash-proxy",
+       {.vocab = 129280, .dim = 4096, .n_layers = 4, .n_heads = 64, .head_dim = 512, .rope_dim = 64,
+        .q_lora = 1024, .o_groups = 8, .o_lora = 1024, .n_experts = 32, .n_active = 6,
+        .moe_inter = 2048, .n_hash = 1, .window = 128, .index_heads = 64, .index_dim = 128,
+        .index_topk = 512, .compress_ratios = {0, 4, 128, 4, 0}, .n_mtp = 0, .route_scale = 1.5}},
   };
   return table;
 }
@@ -86,10 +95,10 @@ ModelConfig config_from(const PresetDims& p) {
   c.index_heads = p.index_heads;
   c.index_dim = p.index_dim;
   c.index_topk = p.index_topk;
-  c.n_mtp = 1;
+  c.n_mtp = p.n_mtp;
   c.eps = 1e-6;
   c.hc_eps = 1e-6;
-  c.route_scale = 2.5;
+  c.route_scale = p.route_scale;
   c.swiglu_limit = 10.0;
   c.rope_theta = 10000.0;
   c.compress_rope_theta = 160000.0;

@@ -1,0 +1,125 @@
+#include "tools/bench.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "cpu/qmatmul.h"
+#include "model/forward.h"
+#include "model/ops.h"
+#include "tools/roofline.h"
+
+namespace dsv4 {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Peak RSS since the last reset_peak_rss() (Linux VmHWM), in MB; getrusage as a fallback.
+double peak_rss_mb() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;
+}
+
+// The bandwidth probe's buffer must not count as the model's memory: reset the high-water mark.
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+}  // namespace
+
+BenchResult run_bench(const BenchOptions& o) {
+  if (o.prompt_len < 1) throw Error("bench: --prompt-len must be >= 1");
+  if (o.gen < 1) throw Error("bench: --gen must be >= 1");
+  set_threads(o.threads);
+  BenchResult r;
+  r.threads = thread_pool().size();
+  r.prompt_len = o.prompt_len;
+  r.gen = o.gen;
+  r.isa = isa_name(active_isa());
+
+  std::fprintf(stderr, "bench: measuring memory bandwidth and FMA peak (%d threads, %s)...\n", r.threads, r.isa.c_str());
+  r.mem_bw_gb_s = measure_read_bandwidth(size_t{1} << 30, 5);
+  r.peak_gflop_s = measure_peak_gflops(5);
+  reset_peak_rss();
+
+  Model model(load_model(o.model_dir));
+  const ModelConfig& c = model.config();
+  for (const auto& f : model.weights().store.files()) r.mapped_weights_mb += static_cast<double>(f->file_size()) / (1024.0 * 1024.0);
+
+  // Deterministic pseudo-random prompt (avoids special ids 0/1).
+  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_len));
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (auto& t : prompt) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t = static_cast<int32_t>(2 + x % static_cast<uint64_t>(c.vocab - 2));
+  }
+  std::fprintf(stderr, "bench: prefill %lld tokens...\n", static_cast<long long>(o.prompt_len));
+  SequenceState st = model.new_sequence();
+  std::vector<float> logits(static_cast<size_t>(o.prompt_len * c.vocab));
+  MatmulCounters before = matmul_counters();
+  auto t0 = std::chrono::steady_clock::now();
+  model.forward(st, prompt.data(), o.prompt_len, logits.data());
+  double prefill_s = seconds_since(t0);
+  MatmulCounters mid = matmul_counters();
+  r.prefill_tok_s = static_cast<double>(o.prompt_len) / prefill_s;
+  r.prefill_flops_per_token = static_cast<double>(mid.flops - before.flops) / static_cast<double>(o.prompt_len);
+  r.prefill_roofline_ratio = static_cast<double>(mid.flops - before.flops) / prefill_s / (r.peak_gflop_s * 1e9);
+
+  std::fprintf(stderr, "bench: decode %lld tokens...\n", static_cast<long long>(o.gen));
+  const float* last = logits.data() + (o.prompt_len - 1) * c.vocab;
+  int32_t next = static_cast<int32_t>(std::max_element(last, last + c.vocab) - last);
+  std::vector<float> step(static_cast<size_t>(c.vocab));
+  t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < o.gen; ++i) {
+    model.forward(st, &next, 1, step.data());
+    next = static_cast<int32_t>(std::max_element(step.begin(), step.end()) - step.begin());
+  }
+  double decode_s = seconds_since(t0);
+  MatmulCounters after = matmul_counters();
+  r.decode_tok_s = static_cast<double>(o.gen) / decode_s;
+  r.decode_bytes_per_token = static_cast<double>(after.weight_bytes - mid.weight_bytes) / static_cast<double>(o.gen);
+  r.decode_roofline_ratio = r.decode_bytes_per_token * r.decode_tok_s / (r.mem_bw_gb_s * 1e9);
+  r.peak_rss_mb = peak_rss_mb();
+  return r;
+}
+
+std::string bench_json(const BenchResult& r) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "{\"prefill_tok_s\": %.4g, \"decode_tok_s\": %.4g, \"decode_bytes_per_token\": %.6g, "
+                "\"mem_bw_gb_s\": %.4g, \"peak_gflop_s\": %.4g, \"decode_roofline_ratio\": %.4f, "
+                "\"prefill_roofline_ratio\": %.4f, \"peak_rss_mb\": %.1f, \"mapped_weights_mb\": %.1f, \"threads\": %d, "
+                "\"prompt_len\": %lld, \"gen\": %lld, \"prefill_flops_per_token\": %.6g, \"isa\": \"%s\"}",
+                r.prefill_tok_s, r.decode_tok_s, r.decode_bytes_per_token, r.mem_bw_gb_s, r.peak_gflop_s, r.decode_roofline_ratio,
+                r.prefill_roofline_ratio, r.peak_rss_mb, r.mapped_weights_mb, r.threads, static_cast<long long>(r.prompt_len),
+                static_cast<long long>(r.gen), r.prefill_flops_per_token, r.isa.c_str());
+  return buf;
+}
+
+std::string bench_table(const BenchResult& r) {
+  char buf[2048];
+  std::snprintf(buf, sizeof buf,
+                "threads %d, isa %s\n"
+                "machine   read bandwidth %8.1f GB/s     FMA peak %8.1f GFLOP/s\n"
+                "prefill   %5lld tokens   %8.2f tok/s   %8.1f GFLOP/s   %5.1f%% of FMA peak\n"
+                "decode    %5lld tokens   %8.2f tok/s   %8.1f MB/token  %5.1f%% of bandwidth\n"
+                "memory    peak RSS %.0f MB, mapped weights %.0f MB\n",
+                r.threads, r.isa.c_str(), r.mem_bw_gb_s, r.peak_gflop_s, static_cast<long long>(r.prompt_len), r.prefill_tok_s,
+                r.prefill_flops_per_token * r.prefill_tok_s / 1e9, 100 * r.prefill_roofline_ratio, static_cast<long long>(r.gen),
+                r.decode_tok_s, r.decode_bytes_per_token / 1e6, 100 * r.decode_roofline_ratio, r.peak_rss_mb, r.mapped_weights_mb);
+  return buf;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,33 @@
+#pragma once
+// `dsv4 bench`: prefill and decode speed of a model on this machine, reported against the
+// memory-bandwidth and FMA limits measured in the same run.
+#include <cstdint>
+#include <string>
+
+namespace dsv4 {
+
+struct BenchOptions {
+  std::string model_dir;
+  int64_t prompt_len = 512;
+  int64_t gen = 16;
+  int threads = 0;
+  bool json = false;
+};
+
+struct BenchResult {
+  int threads = 0;
+  int64_t prompt_len = 0, gen = 0;
+  double prefill_tok_s = 0, decode_tok_s = 0;
+  double decode_bytes_per_token = 0;  // weight bytes read per decode step
+  double prefill_flops_per_token = 0; // matmul FLOPs per prefill token
+  double mem_bw_gb_s = 0, peak_gflop_s = 0;
+  double decode_roofline_ratio = 0, prefill_roofline_ratio = 0;
+  double peak_rss_mb = 0, mapped_weights_mb = 0;
+  std::string isa;
+};
+
+BenchResult run_bench(const BenchOptions& o);
+std::string bench_json(const BenchResult& r);
+std::string bench_table(const BenchResult& r);
+
+}  // namespace dsv4

@@ -1,0 +1,143 @@
+#include "tools/roofline.h"
+
+// GCC 12's intrinsic headers trip -Wuninitialized once inlined (GCC PR 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "core/threads.h"
+#include "cpu/qmatmul.h"
+
+namespace dsv4 {
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Sums the bytes as floats with 4 independent vector accumulators so the loop is load-bound.
+__attribute__((target("avx512f"))) float read_avx512(const float* p, size_t n) {
+  __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
+  for (size_t i = 0; i + 64 <= n; i += 64) {
+    a = _mm512_add_ps(a, _mm512_load_ps(p + i));
+    b = _mm512_add_ps(b, _mm512_load_ps(p + i + 16));
+    c = _mm512_add_ps(c, _mm512_load_ps(p + i + 32));
+    d = _mm512_add_ps(d, _mm512_load_ps(p + i + 48));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
+}
+
+__attribute__((target("avx2"))) float read_avx2(const float* p, size_t n) {
+  __m256 a = _mm256_setzero_ps(), b = a, c = a, d = a;
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    a = _mm256_add_ps(a, _mm256_load_ps(p + i));
+    b = _mm256_add_ps(b, _mm256_load_ps(p + i + 8));
+    c = _mm256_add_ps(c, _mm256_load_ps(p + i + 16));
+    d = _mm256_add_ps(d, _mm256_load_ps(p + i + 24));
+  }
+  float out[8];
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d)));
+  float s = 0;
+  for (float v : out) s += v;
+  return s;
+}
+
+float read_scalar(const float* p, size_t n) {
+  float s[8] = {};
+  for (size_t i = 0; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) s[j] += p[i + j];
+  return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+
+float read_block(Isa isa, const float* p, size_t n) {
+  if (isa == Isa::AVX512) return read_avx512(p, n);
+  if (isa == Isa::AVX2) return read_avx2(p, n);
+  return read_scalar(p, n);
+}
+
+// 12 independent FMA chains per thread: enough to cover the FMA latency on both ports.
+__attribute__((target("avx512f,fma"))) float fma_avx512(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], m, a);
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx2,fma"))) float fma_avx2(int64_t iters) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
+  const __m256 m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], m, a);
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  return out[0];
+}
+
+float fma_scalar(int64_t iters) {
+  float acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = static_cast<float>(i);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) acc[i] = acc[i] * 0.999999f + 1e-7f;
+  return acc[0] + acc[11];
+}
+
+volatile float g_sink;
+
+}  // namespace
+
+double measure_read_bandwidth(size_t bytes, int reps) {
+  const size_t n = bytes / sizeof(float);
+  float* buf = static_cast<float*>(std::aligned_alloc(64, n * sizeof(float)));
+  ThreadPool& pool = thread_pool();
+  // First touch in parallel so pages are spread like the weights they stand for.
+  pool.parallel_for(static_cast<int64_t>(n / 16), [&](int64_t b, int64_t e) {
+    std::memset(buf + b * 16, 1, static_cast<size_t>(e - b) * 16 * sizeof(float));
+  });
+  const Isa isa = active_isa();
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    std::vector<float> part(static_cast<size_t>(pool.size()), 0.0f);
+    double t0 = now();
+    pool.parallel_for(static_cast<int64_t>(n / 64), [&](int64_t b, int64_t e) {
+      g_sink = read_block(isa, buf + b * 64, static_cast<size_t>(e - b) * 64);
+    });
+    double dt = now() - t0;
+    best = std::max(best, static_cast<double>(n / 64 * 64 * sizeof(float)) / dt / 1e9);
+  }
+  std::free(buf);
+  return best;
+}
+
+double measure_peak_gflops(int reps) {
+  ThreadPool& pool = thread_pool();
+  const Isa isa = active_isa();
+  const int64_t iters = 20'000'000;
+  const double lanes = isa == Isa::AVX512 ? 16 : isa == Isa::AVX2 ? 8 : 1;
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    double t0 = now();
+    pool.parallel_for(pool.size(), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        g_sink = isa == Isa::AVX512 ? fma_avx512(iters) : isa == Isa::AVX2 ? fma_avx2(iters) : fma_scalar(iters / 16);
+    });
+    double dt = now() - t0;
+    const double per_thread = isa == Isa::Scalar ? static_cast<double>(iters / 16) * 12 * 2 : static_cast<double>(iters) * 12 * 2 * lanes;
+    best = std::max(best, per_thread * pool.size() / dt / 1e9);
+  }
+  return best;
+}
+
+}  // namespace dsv4
