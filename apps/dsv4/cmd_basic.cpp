@@ -101,6 +101,15 @@ int cmd_inspect(const Args& a) {
   for (int64_t l = 0; l < c.n_layers; ++l)
     std::printf("  %3lld  %-9s %s\n", (long long)l, c.layer_kind(l).c_str(), w.layers[l].hash ? "hash-routed" : "score-routed");
   if (w.mtp) std::printf("  mtp  %-9s score-routed\n", c.layer_kind(c.n_layers).c_str());
+  std::printf("KV cache (FP8 + scale per 64 for non-RoPE dims, F32 RoPE dims; FP4 indexer keys):\n");
+  std::map<int64_t, bool> kinds;
+  for (int64_t l = 0; l < c.n_layers; ++l) kinds[c.ratio(l)] = true;
+  for (const auto& [ratio, _] : kinds) {
+    CacheCost k = layer_cache_cost(c, ratio);
+    std::printf("  %-9s %8.1f bytes/token + %zu bytes fixed (window ring, compressor rows)\n",
+                ratio == 0 ? "window" : ratio == 4 ? "CSA(4)" : ("HCA(" + std::to_string(ratio) + ")").c_str(), k.bytes_per_token,
+                k.fixed_bytes);
+  }
   std::map<std::string, std::pair<size_t, size_t>> by_dtype;
   size_t total = 0;
   for (const auto& f : w.store.files())

@@ -21,13 +21,39 @@ SequenceState make_sequence_state(const ModelConfig& c) {
     LayerState L;
     L.head_dim = c.head_dim;
     L.window = c.window;
-    L.window_kv.assign(static_cast<size_t>(c.window * c.head_dim), 0.0f);
+    L.kv = KvCodec{c.head_dim, c.rope_dim};
+    L.index = Fp4Codec{c.index_dim};
+    L.window_kv.assign(static_cast<size_t>(c.window) * L.kv.bytes(), 0);
     int64_t r = c.ratio(l);
     if (r > 0) L.comp = make_comp(r, c.head_dim);
     if (r == 4) L.index_comp = make_comp(r, c.index_dim);
     st.layers.push_back(std::move(L));
   }
   return st;
+}
+
+size_t LayerState::bytes() const {
+  auto comp_bytes = [](const CompressorState& s) {
+    return (s.cur_a.size() + s.cur_s.size() + s.prev_a.size() + s.prev_s.size()) * sizeof(float);
+  };
+  return window_kv.size() + entries.size() + index_keys.size() + comp_bytes(comp) + comp_bytes(index_comp);
+}
+
+CacheCost layer_cache_cost(const ModelConfig& c, int64_t ratio) {
+  const KvCodec kv{c.head_dim, c.rope_dim};
+  const Fp4Codec ix{c.index_dim};
+  CacheCost cost;
+  cost.fixed_bytes = static_cast<size_t>(c.window) * kv.bytes();
+  if (ratio > 0) {
+    const int64_t coff = ratio == 4 ? 2 : 1;
+    cost.bytes_per_token = static_cast<double>(kv.bytes()) / static_cast<double>(ratio);
+    cost.fixed_bytes += static_cast<size_t>(2 * coff * ratio * c.head_dim * (ratio == 4 ? 2 : 1)) * sizeof(float);
+  }
+  if (ratio == 4) {
+    cost.bytes_per_token += static_cast<double>(ix.bytes()) / 4.0;
+    cost.fixed_bytes += static_cast<size_t>(2 * 2 * 4 * c.index_dim * 2) * sizeof(float);
+  }
+  return cost;
 }
 
 }  // namespace dsv4

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "io/config.h"
+#include "kv/codec.h"
 
 namespace dsv4 {
 
@@ -18,13 +19,19 @@ struct CompressorState {
   bool has_prev = false;
 };
 
+// Cached vectors are kept in their compact form (kv/codec.h): FP8 + scale for the non-RoPE part
+// of KV vectors and compressed entries, FP4 + scale for indexer keys.
 struct LayerState {
   int64_t head_dim = 0, window = 0;
-  std::vector<float> window_kv;  // [window, head_dim], slot = pos % window
-  std::vector<float> entries;    // [n_entries, head_dim]: fp8sim'd nope + rope part
-  std::vector<float> index_keys; // [n_entries, index_dim]: Hadamard + fp4sim'd (ratio 4)
+  KvCodec kv;                       // window vectors and compressed entries
+  Fp4Codec index;                   // indexer keys
+  std::vector<uint8_t> window_kv;   // [window, kv.bytes()], slot = pos % window
+  std::vector<uint8_t> entries;     // [n_entries, kv.bytes()]
+  std::vector<uint8_t> index_keys;  // [n_entries, index.bytes()] (ratio 4)
   int64_t n_entries = 0;
   CompressorState comp, index_comp;
+
+  size_t bytes() const;  // cache bytes held (window ring, entries, indexer keys, compressor rows)
 };
 
 struct SequenceState {
@@ -34,5 +41,13 @@ struct SequenceState {
 
 // Empty state shaped for the model's main layers.
 SequenceState make_sequence_state(const ModelConfig& c);
+
+// Cache bytes a layer of ratio `ratio` adds per token on average (compressed entries and indexer
+// keys), and the fixed bytes of its window ring and compressor rows.
+struct CacheCost {
+  double bytes_per_token = 0;
+  size_t fixed_bytes = 0;
+};
+CacheCost layer_cache_cost(const ModelConfig& c, int64_t ratio);
 
 }  // namespace dsv4

@@ -21,6 +21,14 @@ using Buf = std::vector<float>;
 
 Buf zeros(int64_t n) { return Buf(static_cast<size_t>(n), 0.0f); }
 
+// Appends n vectors (floats, back to back) to a byte cache in the codec's compact form.
+template <class Codec>
+void append_encoded(const Codec& codec, const std::vector<float>& v, int64_t n, std::vector<uint8_t>& cache) {
+  const size_t at = cache.size(), nb = codec.bytes(), dim = v.size() / static_cast<size_t>(std::max<int64_t>(n, 1));
+  cache.resize(at + static_cast<size_t>(n) * nb);
+  for (int64_t i = 0; i < n; ++i) codec.encode(v.data() + i * dim, cache.data() + at + i * nb);
+}
+
 }  // namespace
 
 Model::Model(ModelWeights weights) : w_(std::move(weights)) {
@@ -117,10 +125,14 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
   // Compressed entries for blocks closing in this chunk (visible to later queries of the chunk).
   const int64_t ratio = L.ratio;
   if (ratio > 0) {
-    int64_t added = compress(c, *A.comp, ls.comp, rope, x, T, p0, false, ls.entries);
+    std::vector<float> fresh;
+    const int64_t added = compress(c, *A.comp, ls.comp, rope, x, T, p0, false, fresh);
+    append_encoded(ls.kv, fresh, added, ls.entries);
     if (ratio == 4) {
-      int64_t added_i = compress(c, A.indexer->comp, ls.index_comp, rope, x, T, p0, true, ls.index_keys);
+      fresh.clear();
+      const int64_t added_i = compress(c, A.indexer->comp, ls.index_comp, rope, x, T, p0, true, fresh);
       if (added_i != added) throw Error("internal: indexer and main compressor disagree");
+      append_encoded(ls.index, fresh, added, ls.index_keys);
     }
     ls.n_entries += added;
   }
@@ -145,21 +157,42 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
     for (float& v : wi) v *= ws;
   }
 
+  // Cached vectors decoded once per chunk where every query reads them: the window ring (only
+  // positions before the chunk), all entries of a plain-compressed layer, all indexer keys.
+  const size_t kvb = ls.kv.bytes();
+  const int64_t ring_n = std::min(W, p0);
+  Buf ring = zeros(W * d);
+  for (int64_t j = p0 - ring_n; j < p0; ++j) ls.kv.decode(ls.window_kv.data() + (j % W) * kvb, ring.data() + (j % W) * d);
+  Buf ent, ikeys;
+  if (ratio > 0 && ratio != 4) {
+    ent = zeros(ls.n_entries * d);
+    for (int64_t bb = 0; bb < ls.n_entries; ++bb) ls.kv.decode(ls.entries.data() + bb * kvb, ent.data() + bb * d);
+  }
+  if (ratio == 4) {
+    ikeys = zeros(ls.n_entries * dI);
+    for (int64_t bb = 0; bb < ls.n_entries; ++bb) ls.index.decode(ls.index_keys.data() + bb * ls.index.bytes(), ikeys.data() + bb * dI);
+  }
+
   Buf o = zeros(T * H * d);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   thread_pool().parallel_for(T, [&](int64_t b, int64_t e) {
     std::vector<const float*> keys;
+    Buf picked;  // CSA: the indexer's top-k entries, decoded
     for (int64_t t = b; t < e; ++t) {
       const int64_t pos = p0 + t;
       keys.clear();
       for (int64_t j = std::max<int64_t>(0, pos - W + 1); j <= pos; ++j)
-        keys.push_back(j >= p0 ? kv.data() + (j - p0) * d : ls.window_kv.data() + (j % W) * d);
+        keys.push_back(j >= p0 ? kv.data() + (j - p0) * d : ring.data() + (j % W) * d);
       const int64_t vis = ratio > 0 ? (pos + 1) / ratio : 0;  // entries whose block has closed
       if (ratio == 4) {
-        for (int32_t bb : indexer_topk(qi.data() + t * HI * dI, wi.data() + t * HI, ls.index_keys.data(), vis, HI, dI, c.index_topk))
-          keys.push_back(ls.entries.data() + bb * d);
+        std::vector<int32_t> top = indexer_topk(qi.data() + t * HI * dI, wi.data() + t * HI, ikeys.data(), vis, HI, dI, c.index_topk);
+        picked.resize(top.size() * static_cast<size_t>(d));
+        for (size_t i = 0; i < top.size(); ++i) {
+          ls.kv.decode(ls.entries.data() + top[i] * kvb, picked.data() + i * d);
+          keys.push_back(picked.data() + i * d);
+        }
       } else {
-        for (int64_t bb = 0; bb < vis; ++bb) keys.push_back(ls.entries.data() + bb * d);
+        for (int64_t bb = 0; bb < vis; ++bb) keys.push_back(ent.data() + bb * d);
       }
       for (int64_t h = 0; h < H; ++h) {
         float* oh = o.data() + (t * H + h) * d;
@@ -170,8 +203,7 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
   });
 
   // The window ring keeps the last W positions for later chunks.
-  for (int64_t t = std::max<int64_t>(0, T - W); t < T; ++t)
-    std::copy(kv.begin() + t * d, kv.begin() + (t + 1) * d, ls.window_kv.begin() + ((p0 + t) % W) * d);
+  for (int64_t t = std::max<int64_t>(0, T - W); t < T; ++t) ls.kv.encode(kv.data() + t * d, ls.window_kv.data() + ((p0 + t) % W) * kvb);
 
   // Grouped low-rank output projection.
   const int64_t G = c.o_groups, Ro = c.o_lora, gw = H * d / G;
