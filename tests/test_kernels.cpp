@@ -191,7 +191,7 @@ void run_isa_suite(Isa isa) {
     for (const Shape& s : shapes_for(f)) {
       const Owned o = make_weight(f, s.rows, s.cols, seed++);
       const std::vector<float> deq = dequant_all(o.w);
-      for (int64_t T : {1, 3, 8, 37}) {
+      for (int64_t T : {1, 2, 3, 8, 37}) {
         const int64_t r0 = s.rows > 8 ? 5 : 1, r1 = s.rows > 8 ? s.rows - 3 : s.rows;
         const Problem p = make_problem(o.w, r0, r1, T, seed++);
         for (int path : kPaths) {
@@ -287,6 +287,32 @@ TEST(Kernels, RejectsBadArguments) {
   qmatmul(o.w, 0, 4, x.data(), 8, 0, y.data(), 4);
 }
 
+TEST(Kernels, EdgeCases) {
+  for (Isa isa : {Isa::Scalar, Isa::AVX2, Isa::AVX512}) {
+    if (!isa_supported(isa)) continue;
+    IsaGuard guard(isa);
+    for (int path : kPaths) {
+      set_qmatmul_fused_max_tokens(path);
+      // No columns: every sum is empty.
+      Owned z = make_weight(WFormat::F32, 5, 0, 9);
+      z.w.data = reinterpret_cast<const uint8_t*>("");  // non-null, never read
+      std::vector<float> x(3, 1.0f), y(3 * 5, kSentinel);
+      qmatmul(z.w, 0, 5, x.data(), 1, 3, y.data(), 5);
+      for (float v : y) EXPECT_EQ(v, 0.0f) << isa_name(isa);
+      // One row, one column; then again after the scratch is released.
+      const Owned o = make_weight(WFormat::FP8Block, 1, 1, 10);
+      const float want = dequant_all(o.w)[0] * 2.0f;
+      for (int k = 0; k < 2; ++k) {
+        const float two = 2.0f;
+        float out = 0;
+        qmatmul(o.w, 0, 1, &two, 1, 1, &out, 1);
+        EXPECT_EQ(out, want) << isa_name(isa) << " path=" << path_name(path);
+        qmatmul_release_scratch();
+      }
+    }
+  }
+}
+
 TEST(Kernels, Scalar) { run_isa_suite(Isa::Scalar); }
 TEST(Kernels, ScalarLarge) { run_isa_large(Isa::Scalar); }
 
@@ -326,7 +352,7 @@ TEST(Kernels, IsasAgree) {
     const bool fp4 = f == WFormat::MXFP4 || f == WFormat::NVFP4;
     const Owned o = make_weight(f, 130, fp4 ? 288 : 260, seed++);
     const std::vector<float> deq = dequant_all(o.w);
-    for (int64_t T : {1, 3, 8, 37}) {
+    for (int64_t T : {1, 2, 3, 8, 37}) {
       const Problem p = make_problem(o.w, 2, 129, T, seed++);
       std::vector<std::vector<float>> ys;
       for (Isa isa : isas) {

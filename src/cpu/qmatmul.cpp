@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <vector>
 
 #include "core/error.h"
 #include "core/threads.h"
@@ -28,9 +27,24 @@ struct AlignedBuf {
 
 }  // namespace
 
-float* scratch(ScratchSlot slot, size_t floats) {
+namespace {
+AlignedBuf* thread_bufs() {
   thread_local AlignedBuf bufs[kNumSlots];
-  AlignedBuf& b = bufs[slot];
+  return bufs;
+}
+}  // namespace
+
+void release_scratch() {
+  for (int i = 0; i < kNumSlots; ++i) {
+    AlignedBuf& b = thread_bufs()[i];
+    std::free(b.p);
+    b.p = nullptr;
+    b.cap = 0;
+  }
+}
+
+float* scratch(ScratchSlot slot, size_t floats) {
+  AlignedBuf& b = thread_bufs()[slot];
   if (floats > b.cap) {
     // Grow geometrically; round to whole cache lines as aligned_alloc requires.
     size_t cap = std::max(floats, b.cap + b.cap / 2);
@@ -71,9 +85,13 @@ void run_scalar(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_
   });
 }
 
-constexpr int kDefaultFusedMaxT = 8;
+// Default fused/GEMM crossover in T, per ISA (measured with qmatmul_bench's T sweep: the fused
+// kernel's rate is flat from T~8 while the GEMM path keeps rising; AVX2 crosses earlier).
+constexpr int kDefaultFusedMaxT512 = 16;
+constexpr int kDefaultFusedMaxT256 = 8;
+constexpr int kAuto = -1;
 std::atomic<int> g_override{-1};
-std::atomic<int> g_fused_max{kDefaultFusedMaxT};
+std::atomic<int> g_fused_max{kAuto};
 
 Isa env_isa() {
   static const Isa isa = [] {
@@ -144,10 +162,22 @@ void set_isa_override(Isa isa) {
 void clear_isa_override() { qmm::g_override.store(-1, std::memory_order_relaxed); }
 
 void set_qmatmul_fused_max_tokens(int t) {
-  qmm::g_fused_max.store(t < 0 ? qmm::kDefaultFusedMaxT : t, std::memory_order_relaxed);
+  qmm::g_fused_max.store(t < 0 ? qmm::kAuto : t, std::memory_order_relaxed);
 }
 
-int qmatmul_fused_max_tokens() { return qmm::g_fused_max.load(std::memory_order_relaxed); }
+namespace qmm {
+namespace {
+int fused_max_for(Isa isa) {
+  const int t = g_fused_max.load(std::memory_order_relaxed);
+  if (t != kAuto) return t;
+  return isa == Isa::AVX2 ? kDefaultFusedMaxT256 : kDefaultFusedMaxT512;
+}
+}  // namespace
+}  // namespace qmm
+
+int qmatmul_fused_max_tokens() { return qmm::fused_max_for(active_isa()); }
+
+void qmatmul_release_scratch() { qmm::release_scratch(); }
 
 void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
              int64_t ldy) {
@@ -161,10 +191,14 @@ void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t l
     throw Error("qmatmul: FP4 weight '" + w.name + "' has odd cols " + std::to_string(w.cols));
   }
   if (T == 0 || r0 == r1) return;
-  const int fused_max = qmatmul_fused_max_tokens();
-  switch (active_isa()) {
-    case Isa::AVX512: return qmm::run_avx512(w, r0, r1, x, ldx, T, y, ldy, fused_max);
-    case Isa::AVX2: return qmm::run_avx2(w, r0, r1, x, ldx, T, y, ldy, fused_max);
+  if (w.cols == 0) {  // empty sums
+    for (int64_t t = 0; t < T; ++t) std::fill(y + t * ldy, y + t * ldy + (r1 - r0), 0.0f);
+    return;
+  }
+  const Isa isa = active_isa();
+  switch (isa) {
+    case Isa::AVX512: return qmm::run_avx512(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa));
+    case Isa::AVX2: return qmm::run_avx2(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa));
     case Isa::Scalar: return qmm::run_scalar(w, r0, r1, x, ldx, T, y, ldy);
   }
 }

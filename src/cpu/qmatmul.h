@@ -5,12 +5,15 @@
 //   y[t*ldy + (r - r0)] = sum_c W[r, c] * x[t*ldx + c]   for r in [r0, r1), t < T,
 // rows split over the persistent pool. Weights are decoded in registers from their stored bytes
 // (F32, BF16, F16, FP8Block, MXFP4, NVFP4); each weight byte is read from memory once per call.
-// Small T runs a fused decode+dot kernel over token tiles; large T decodes row panels into an
-// L2-resident float buffer and runs a register-blocked GEMM microkernel over token tiles.
+// T <= qmatmul_fused_max_tokens() runs a fused decode+dot kernel (rows x token tiles, software
+// prefetch); larger T decodes row panels into an L2-resident float buffer and runs a
+// register-blocked GEMM microkernel over token tiles.
 //
-// Every ISA path computes the same products as dequant_row's values times x; only the order of
-// summation differs (results agree to float rounding). Not reproduced: E4M3 NaN weight codes
-// (0x7F/0xFF), E8M0 NaN scales, and FP8Block scales >= 2^120 / MXFP4 scales >= 2^127.
+// Decoded weights are bit-identical to dequant_row's (tests check this with one-hot inputs).
+// Results agree with dequant_row-then-dot to float rounding: summation order differs, and the
+// fused path applies a block's scale to the block's partial sum. Not reproduced: E4M3 NaN weight
+// codes (0x7F/0xFF decode as +-480), E8M0 NaN scales, FP8Block scales >= 2^120 and MXFP4 scales
+// >= 2^127 (beyond any real checkpoint).
 #include <cstdint>
 
 #include "core/weight.h"
@@ -32,13 +35,18 @@ Isa active_isa();
 void set_isa_override(Isa isa);
 void clear_isa_override();
 
-// Largest T handled by the fused kernel; larger T goes to the panel GEMM path. Exposed so tests
-// can exercise both paths at every T and benchmarks can find the crossover: 0 sends every T to
-// the GEMM path, a negative value restores the default.
+// Largest T handled by the fused kernel (default 16 with AVX-512, 8 with AVX2); larger T goes to
+// the panel GEMM path. Exposed so tests can exercise both paths at every T and benchmarks can
+// find the crossover: 0 sends every T to the GEMM path, a negative value restores the default.
 void set_qmatmul_fused_max_tokens(int t);
 int qmatmul_fused_max_tokens();
 
 void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
              int64_t ldy);
+
+// qmatmul keeps per-thread scratch between calls; the calling thread's holds the packed
+// activations (T * cols floats, so as large as x after a big prefill). This frees the calling
+// thread's scratch; the next call reallocates.
+void qmatmul_release_scratch();
 
 }  // namespace dsv4

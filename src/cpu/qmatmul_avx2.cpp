@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <type_traits>
 
 #include "core/formats.h"
 #include "core/threads.h"
@@ -32,6 +33,7 @@ struct V {
   TGTI static reg load(const float* p) { return _mm256_loadu_ps(p); }
   TGTI static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
   TGTI static reg bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  TGTI static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
   TGTI static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
   TGTI static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
   TGTI static float hsum(reg v) {
@@ -44,14 +46,13 @@ struct V {
 
 constexpr int kMR = 6;  // 6 rows x 2 vectors of tokens = 12 accumulators
 constexpr int kNVT = 2;
-inline int fused_rows_for(int64_t T) { return T <= 2 ? 2 : 1; }
 
 struct DecBase {
   const uint8_t* data;
   const uint8_t* scales;
   int64_t row_bytes;
   int64_t scale_cols;
-  int64_t nb;
+  int64_t nb;  // scale blocks per row actually used
   float post = 1.0f;
   DecBase(const QWeight& w, int64_t rb, int64_t block)
       : data(w.data), scales(w.scale), row_bytes(rb), scale_cols(w.scale_cols),
@@ -65,7 +66,7 @@ TGTI __m256i load128_cvt_u8_epi32(const uint8_t* p) {
 
 struct DecF32 : DecBase {
   static constexpr int G = 32, NSUB = 1, NV = 4, GB = 128, kSPG = 0;
-  static constexpr bool kScaled = false, kPost = false;
+  static constexpr bool kScaled = false, kPost = false, kRowScales = false;
   struct St {
     const uint8_t* p;
   };
@@ -79,7 +80,7 @@ struct DecF32 : DecBase {
 
 struct DecBF16 : DecBase {
   static constexpr int G = 16, NSUB = 1, NV = 2, GB = 32, kSPG = 0;
-  static constexpr bool kScaled = false, kPost = false;
+  static constexpr bool kScaled = false, kPost = false, kRowScales = false;
   struct St {
     __m256i v;
   };
@@ -96,7 +97,7 @@ struct DecBF16 : DecBase {
 
 struct DecF16 : DecBase {
   static constexpr int G = 16, NSUB = 1, NV = 2, GB = 32, kSPG = 0;
-  static constexpr bool kScaled = false, kPost = false;
+  static constexpr bool kScaled = false, kPost = false, kRowScales = false;
   struct St {
     const uint8_t* p;
   };
@@ -113,7 +114,7 @@ struct DecF16 : DecBase {
 // See qmatmul_avx512.cpp: E4M3 bits moved into an F16 (value e4m3 * 2^-8), scale 2^(b-119).
 struct DecFP8 : DecBase {
   static constexpr int G = 128, NSUB = 8, NV = 2, GB = 128, kSPG = 1;
-  static constexpr bool kScaled = true, kPost = false;
+  static constexpr bool kScaled = true, kPost = false, kRowScales = false;
   struct St {
     __m256i h;
   };
@@ -159,21 +160,21 @@ struct CvtE8M0p1 {  // 2^(b-126)
   float one(uint8_t b) const { return std::bit_cast<float>((static_cast<uint32_t>(b) + 1u) << 23); }
 };
 
-struct CvtE4M3 {  // exact e4m3 value
+struct CvtE4M3 {  // e4m3 value * 2^-8, exactly
   TGTI __m256 vec(__m256i b) const {
     // Sign-extend the byte into the dword, then the F16 trick on the low 16 bits.
     const __m256i sx = _mm256_srai_epi32(_mm256_slli_epi32(b, 24), 24);
     __m256i h = _mm256_and_si256(_mm256_slli_epi32(sx, 7), _mm256_set1_epi32(0xBFFF));
     h = _mm256_packus_epi32(h, h);  // words: lanes 0-3 and 4-7 in each 128-bit half
     h = _mm256_permute4x64_epi64(h, 0x08);
-    return _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_set1_ps(256.0f));
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(h));
   }
-  float one(uint8_t b) const { return e4m3_to_f32(b); }
+  float one(uint8_t b) const { return e4m3_to_f32(b) * 0x1p-8f; }
 };
 
 struct DecMX : DecBase {
   static constexpr int G = 64, NSUB = 1, NV = 8, GB = 32, kSPG = 2;
-  static constexpr bool kScaled = true, kPost = false;
+  static constexpr bool kScaled = true, kPost = false, kRowScales = true;
   struct St {
     __m256i v;
   };
@@ -193,13 +194,14 @@ struct DecMX : DecBase {
   }
 };
 
+// NVFP4: block scale s * 2^-8 (F16 trick), post = scale2 * 2^8; see qmatmul_avx512.cpp.
 struct DecNV : DecBase {
   static constexpr int G = 64, NSUB = 1, NV = 8, GB = 32, kSPG = 4;
-  static constexpr bool kScaled = true, kPost = true;
+  static constexpr bool kScaled = true, kPost = true, kRowScales = true;
   struct St {
     __m256i v;
   };
-  explicit DecNV(const QWeight& w) : DecBase(w, w.cols / 2, 16) { post = w.scale2; }
+  explicit DecNV(const QWeight& w) : DecBase(w, w.cols / 2, 16) { post = w.scale2 * 256.0f; }
   static constexpr int pos(int c) { return (c & 7) * 8 + (c >> 3); }
   TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
     const int64_t b0 = 4 * g0;
@@ -213,6 +215,21 @@ struct DecNV : DecBase {
     const __m256i idx = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sb + 4 * g)), idx);
   }
+};
+
+// Fused path shapes (16 registers): rows R and token tile TTM for T = 1, 2, 3-4, more. T=1 takes
+// 4 rows, except FP4 whose decode needs more registers per row (2 rows, else it spills).
+template <int R_, int TTM_>
+struct Shape {
+  static constexpr int R = R_, TTM = TTM_;
+};
+template <class D>
+struct FusedShapes {
+  static constexpr bool kFP4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
+  using S1 = Shape<kFP4 ? 2 : 4, 1>;
+  using S2 = Shape<2, 2>;
+  using S4 = Shape<1, 4>;
+  using SN = Shape<1, 4>;
 };
 
 #include "cpu/qmatmul_kernels.inc"

@@ -30,6 +30,7 @@ struct V {
   TGTI static reg load(const float* p) { return _mm512_loadu_ps(p); }
   TGTI static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
   TGTI static reg bcast(const float* p) { return _mm512_set1_ps(*p); }
+  TGTI static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
   TGTI static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
   TGTI static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   TGTI static float hsum(reg v) { return _mm512_reduce_add_ps(v); }
@@ -37,7 +38,6 @@ struct V {
 
 constexpr int kMR = 14;  // 14 rows x 2 vectors of tokens = 28 accumulators
 constexpr int kNVT = 2;
-inline int fused_rows_for(int64_t T) { return T <= 2 ? 4 : 2; }
 
 struct DecBase {
   const uint8_t* data;
@@ -59,7 +59,7 @@ TGTI __mmask16 first_lanes(int64_t n) {
 
 struct DecF32 : DecBase {
   static constexpr int G = 64, NSUB = 1, NV = 4, GB = 256, kSPG = 0;
-  static constexpr bool kScaled = false, kPost = false;
+  static constexpr bool kScaled = false, kPost = false, kRowScales = false;
   struct St {
     const uint8_t* p;
   };
@@ -74,7 +74,7 @@ struct DecF32 : DecBase {
 // 32 bf16 per 64 bytes: even columns from the low halves of each dword, odd from the high.
 struct DecBF16 : DecBase {
   static constexpr int G = 32, NSUB = 1, NV = 2, GB = 64, kSPG = 0;
-  static constexpr bool kScaled = false, kPost = false;
+  static constexpr bool kScaled = false, kPost = false, kRowScales = false;
   struct St {
     __m512i v;
   };
@@ -91,7 +91,7 @@ struct DecBF16 : DecBase {
 
 struct DecF16 : DecBase {
   static constexpr int G = 32, NSUB = 1, NV = 2, GB = 64, kSPG = 0;
-  static constexpr bool kScaled = false, kPost = false;
+  static constexpr bool kScaled = false, kPost = false, kRowScales = false;
   struct St {
     const uint8_t* p;
   };
@@ -110,7 +110,7 @@ struct DecF16 : DecBase {
 // is folded into the block scale: 2^(b-127) * 2^8 = float with exponent field b + 8.
 struct DecFP8 : DecBase {
   static constexpr int G = 128, NSUB = 4, NV = 2, GB = 128, kSPG = 1;
-  static constexpr bool kScaled = true, kPost = false;
+  static constexpr bool kScaled = true, kPost = false, kRowScales = false;
   struct St {
     __m512i h;
   };
@@ -145,10 +145,11 @@ TGTI __m512 fp4_vec(__m512i v, int k, __m512 table) {
 }
 
 // MXFP4: table holds e2m1/2 and the scale 2^(b-126) (exponent field b+1), so the E8M0 byte 0
-// (2^-127) stays a normal float; the product is the same exact value.
+// (2^-127) stays a normal float; the product is the same exact value. Scales of padding blocks
+// (past cols) are whatever the zero byte gives: their weights and x are zero.
 struct DecMX : DecBase {
   static constexpr int G = 128, NSUB = 1, NV = 8, GB = 64, kSPG = 4;
-  static constexpr bool kScaled = true, kPost = false;
+  static constexpr bool kScaled = true, kPost = false, kRowScales = true;
   struct St {
     __m512i v;
   };
@@ -161,7 +162,7 @@ struct DecMX : DecBase {
       const __mmask16 m = first_lanes(n - i);
       const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s + b0 + i));
       const __m512i f = _mm512_slli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(1)), 23);
-      _mm512_storeu_ps(sb + i, _mm512_maskz_mov_ps(m, _mm512_castsi512_ps(f)));
+      _mm512_storeu_ps(sb + i, _mm512_castsi512_ps(f));
     }
   }
   TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
@@ -176,24 +177,28 @@ struct DecMX : DecBase {
   }
 };
 
-// NVFP4: exact e2m1 table; the E4M3 block scale decoded exactly (F16 trick, times 2^8).
+// NVFP4: exact e2m1 table; the E4M3 block scale by the F16 trick (exactly s * 2^-8), and the
+// 2^8 moved into the per-tensor multiplier: post = scale2 * 2^8. (e2m1 * s * 2^-8) is exact, so
+// the decoded value (e2m1 * s * 2^-8) * (scale2 * 2^8) is dequant_row's, rounded once.
 struct DecNV : DecBase {
   static constexpr int G = 128, NSUB = 1, NV = 8, GB = 64, kSPG = 8;
-  static constexpr bool kScaled = true, kPost = true;
+  static constexpr bool kScaled = true, kPost = true, kRowScales = true;
   struct St {
     __m512i v;
   };
-  explicit DecNV(const QWeight& w) : DecBase(w, w.cols / 2, 16) { post = w.scale2; }
+  explicit DecNV(const QWeight& w) : DecBase(w, w.cols / 2, 16) { post = w.scale2 * 256.0f; }
   static constexpr int pos(int c) { return (c & 7) * 16 + (c >> 3); }
+  // 32 scales per step; masked-off bytes load as 0 and decode to +0.
   TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
     const uint8_t* s = scales + r * scale_cols;
     const int64_t b0 = 8 * g0, n = std::min(8 * g1, nb) - b0, total = 8 * (g1 - g0);
-    for (int64_t i = 0; i < total; i += 16) {
-      const __mmask16 m = first_lanes(n - i);
-      __m256i h = _mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(m, s + b0 + i));
-      h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(static_cast<short>(0xBFFF)));
-      const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-      _mm512_storeu_ps(sb + i, _mm512_maskz_mov_ps(m, f));
+    for (int64_t i = 0; i < total; i += 32) {
+      const int64_t left = n - i;
+      const __mmask32 m = left >= 32 ? ~__mmask32{0} : left <= 0 ? __mmask32{0} : (__mmask32{1} << left) - 1u;
+      __m512i h = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, s + b0 + i));
+      h = _mm512_and_si512(_mm512_slli_epi16(h, 7), _mm512_set1_epi16(static_cast<short>(0xBFFF)));
+      _mm512_storeu_ps(sb + i, _mm512_cvtph_ps(_mm512_castsi512_si256(h)));
+      _mm512_storeu_ps(sb + i + 16, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)));
     }
   }
   TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
@@ -206,6 +211,21 @@ struct DecNV : DecBase {
     const __m512i idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     return _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(_mm256_loadu_ps(sb + 8 * g)));
   }
+};
+
+// Fused path shapes: rows R and token tile TTM for T = 1, 2, 3-4, more. T=1 takes 8 rows per tile
+// (8 weight streams in flight, each x load shared by 8 rows); larger T fewer rows, so that R*TTM
+// accumulators and partial sums fit the 32 registers.
+template <int R_, int TTM_>
+struct Shape {
+  static constexpr int R = R_, TTM = TTM_;
+};
+template <class D>
+struct FusedShapes {
+  using S1 = Shape<8, 1>;
+  using S2 = Shape<4, 2>;
+  using S4 = Shape<2, 4>;
+  using SN = Shape<2, 8>;
 };
 
 #include "cpu/qmatmul_kernels.inc"

@@ -22,5 +22,7 @@ void run_avx512(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_
 // while pool workers (and the caller, as one of them) use the others.
 enum ScratchSlot { kSlotX = 0, kSlotPanel = 1, kSlotScale = 2, kSlotOut = 3, kNumSlots = 4 };
 float* scratch(ScratchSlot slot, size_t floats);
+// Frees the calling thread's scratch.
+void release_scratch();
 
 }  // namespace dsv4::qmm
