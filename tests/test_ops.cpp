@@ -819,6 +819,13 @@ std::vector<double> ref_attend(const float* q, const std::vector<std::vector<flo
 
 }  // namespace
 
+// One head through attend_heads, keys given as separate vectors.
+static void attend_with_sink(const float* q, const std::vector<const float*>& keys, int64_t d, float sink, float scale, float* out) {
+  std::vector<float> K;
+  for (const float* k : keys) K.insert(K.end(), k, k + d);
+  attend_heads(q, 1, K.data(), static_cast<int64_t>(keys.size()), d, &sink, scale, out);
+}
+
 TEST(Attention, SinkSoftmax) {
   std::mt19937 g(31);
   const int64_t d = 24, n = 7;
@@ -845,6 +852,28 @@ TEST(Attention, SinkSoftmax) {
   for (int64_t i = 0; i < d; ++i) s0 += static_cast<double>(q[i]) * keys[0][i];
   const double es = std::exp(s0 * scale), frac = 3 * es / (3 * es + std::exp(1.5));
   for (int64_t i = 0; i < d; ++i) EXPECT_NEAR(out[i], keys[0][i] * frac, 1e-5) << i;
+}
+
+TEST(Attention, ManyHeadsEachWithItsSink) {
+  std::mt19937 g(32);
+  const int64_t d = 80, n = 45, H = 11;  // sizes off every SIMD tile
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<std::vector<float>> keys;
+  std::vector<float> K;
+  for (int64_t j = 0; j < n; ++j) {
+    keys.push_back(randv(g, d, -2.0f, 2.0f));
+    K.insert(K.end(), keys.back().begin(), keys.back().end());
+  }
+  std::vector<float> Q, sinks;
+  for (int64_t h = 0; h < H; ++h) {
+    auto q = randv(g, d, -2.0f, 2.0f);
+    Q.insert(Q.end(), q.begin(), q.end());
+    sinks.push_back(static_cast<float>(h) * 0.5f - 2.0f);
+  }
+  std::vector<float> out(static_cast<size_t>(H * d));
+  attend_heads(Q.data(), H, K.data(), n, d, sinks.data(), scale, out.data());
+  for (int64_t h = 0; h < H; ++h)
+    EXPECT_TRUE(close_all(out.data() + h * d, ref_attend(Q.data() + h * d, keys, d, sinks[h], scale), 1e-5, 1e-6)) << "head " << h;
 }
 
 TEST(Attention, ZeroKeysGiveZero) {

@@ -3,31 +3,50 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cpu/gemm_nn.h"
+#include "cpu/qmatmul.h"
 #include "model/ops.h"
 
 namespace dsv4 {
 
-void attend_with_sink(const float* q, const std::vector<const float*>& keys, int64_t d, float sink, float scale, float* out) {
-  std::vector<float> s(keys.size());
-  float mx = sink;
-  for (size_t j = 0; j < keys.size(); ++j) mx = std::max(mx, s[j] = dot(q, keys[j], d) * scale);
-  float den = std::exp(sink - mx);  // the sink only adds to the denominator
-  for (size_t j = 0; j < keys.size(); ++j) den += (s[j] = std::exp(s[j] - mx));
-  std::fill(out, out + d, 0.0f);
-  for (size_t j = 0; j < keys.size(); ++j) {
-    const float p = s[j] / den;
-    for (int64_t k = 0; k < d; ++k) out[k] += p * keys[j][k];
+void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t d, const float* sink, float scale, float* out) {
+  if (n == 0) {
+    std::fill(out, out + H * d, 0.0f);
+    return;
   }
+  // Scores S[h, j] = q_h . K_j: the keys act as an F32 weight [n, d], the heads as tokens.
+  QWeight kw;
+  kw.fmt = WFormat::F32;
+  kw.rows = n;
+  kw.cols = d;
+  kw.data = reinterpret_cast<const uint8_t*>(K);
+  std::vector<float> p(static_cast<size_t>(H * n));
+  qmatmul(kw, 0, n, Q, d, H, p.data(), n);
+  for (int64_t h = 0; h < H; ++h) {
+    float* s = p.data() + h * n;
+    float mx = sink[h];
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j] *= scale);
+    float den = std::exp(sink[h] - mx);  // the sink only adds to the denominator
+    for (int64_t j = 0; j < n; ++j) den += (s[j] = std::exp(s[j] - mx));
+    const float inv = 1.0f / den;
+    for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+  }
+  gemm_nn(p.data(), n, K, d, out, d, H, d, n);
 }
 
 std::vector<int32_t> indexer_topk(const float* q, const float* w, const float* keys, int64_t n, int64_t heads, int64_t dim,
                                   int64_t k) {
+  if (n == 0) return {};
+  QWeight kw;  // the keys as an F32 weight [n, dim], the heads as tokens
+  kw.fmt = WFormat::F32;
+  kw.rows = n;
+  kw.cols = dim;
+  kw.data = reinterpret_cast<const uint8_t*>(keys);
+  std::vector<float> dots(static_cast<size_t>(heads * n));
+  qmatmul(kw, 0, n, q, dim, heads, dots.data(), n);
   std::vector<float> score(static_cast<size_t>(n), 0.0f);
-  for (int64_t b = 0; b < n; ++b) {
-    float sc = 0;
-    for (int64_t h = 0; h < heads; ++h) sc += w[h] * std::max(0.0f, dot(q + h * dim, keys + b * dim, dim));
-    score[b] = sc;
-  }
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t b = 0; b < n; ++b) score[b] += w[h] * std::max(0.0f, dots[h * n + b]);
   return topk(score.data(), n, k);
 }
 

@@ -6,9 +6,11 @@
 
 namespace dsv4 {
 
-// out[0..d) = sum_j p_j keys[j], p_j = exp(q.k_j*scale) / (sum_j' exp(q.k_j'*scale) + exp(sink)).
-// out is overwritten.
-void attend_with_sink(const float* q, const std::vector<const float*>& keys, int64_t d, float sink, float scale, float* out);
+// All H heads of one query over the same n keys (K = V, contiguous [n, d]):
+// out[h] = sum_j p_hj K_j, p_hj = exp(q_h.K_j*scale) / (sum_j' exp(q_h.K_j'*scale) + exp(sink[h])).
+// Q is [H, d]; out [H, d] is overwritten. Scores and the weighted sum run as matrix products on
+// the pool (qmatmul, gemm_nn); call it from one thread at a time.
+void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t d, const float* sink, float scale, float* out);
 
 // Indexer: score(b) = sum_h w[h] * relu(q[h] . keys[b]) for b < n; returns the top min(k, n)
 // entry indices (ties to the lower index).

@@ -175,32 +175,32 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
 
   Buf o = zeros(T * H * d);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  thread_pool().parallel_for(T, [&](int64_t b, int64_t e) {
-    std::vector<const float*> keys;
-    Buf picked;  // CSA: the indexer's top-k entries, decoded
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t pos = p0 + t;
-      keys.clear();
-      for (int64_t j = std::max<int64_t>(0, pos - W + 1); j <= pos; ++j)
-        keys.push_back(j >= p0 ? kv.data() + (j - p0) * d : ring.data() + (j % W) * d);
-      const int64_t vis = ratio > 0 ? (pos + 1) / ratio : 0;  // entries whose block has closed
-      if (ratio == 4) {
-        std::vector<int32_t> top = indexer_topk(qi.data() + t * HI * dI, wi.data() + t * HI, ikeys.data(), vis, HI, dI, c.index_topk);
-        picked.resize(top.size() * static_cast<size_t>(d));
-        for (size_t i = 0; i < top.size(); ++i) {
-          ls.kv.decode(ls.entries.data() + top[i] * kvb, picked.data() + i * d);
-          keys.push_back(picked.data() + i * d);
-        }
-      } else {
-        for (int64_t bb = 0; bb < vis; ++bb) keys.push_back(ent.data() + bb * d);
-      }
-      for (int64_t h = 0; h < H; ++h) {
-        float* oh = o.data() + (t * H + h) * d;
-        attend_with_sink(q.data() + (t * H + h) * d, keys, d, A.sink[h], scale, oh);
-        rope.apply(oh, d, pos, /*inverse=*/true);
-      }
+  // Queries run one after another; each one's products use the whole pool. Its keys are
+  // gathered contiguous: the window (chunk or ring), then the visible compressed entries.
+  Buf keys;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = p0 + t;
+    const int64_t first = std::max<int64_t>(0, pos - W + 1);
+    const int64_t vis = ratio > 0 ? (pos + 1) / ratio : 0;  // entries whose block has closed
+    std::vector<int32_t> top;
+    if (ratio == 4) top = indexer_topk(qi.data() + t * HI * dI, wi.data() + t * HI, ikeys.data(), vis, HI, dI, c.index_topk);
+    const int64_t n_comp = ratio == 4 ? static_cast<int64_t>(top.size()) : vis;
+    const int64_t n = pos - first + 1 + n_comp;
+    keys.resize(static_cast<size_t>(n * d));
+    float* kp = keys.data();
+    for (int64_t j = first; j <= pos; ++j, kp += d) {
+      const float* src = j >= p0 ? kv.data() + (j - p0) * d : ring.data() + (j % W) * d;
+      std::copy(src, src + d, kp);
     }
-  });
+    if (ratio == 4) {
+      for (int32_t bb : top) ls.kv.decode(ls.entries.data() + bb * kvb, kp), kp += d;
+    } else if (vis > 0) {
+      std::copy(ent.data(), ent.data() + vis * d, kp);
+    }
+    float* ot = o.data() + t * H * d;
+    attend_heads(q.data() + t * H * d, H, keys.data(), n, d, A.sink.data(), scale, ot);
+    for (int64_t h = 0; h < H; ++h) rope.apply(ot + h * d, d, pos, /*inverse=*/true);
+  }
 
   // The window ring keeps the last W positions for later chunks.
   for (int64_t t = std::max<int64_t>(0, T - W); t < T; ++t) ls.kv.encode(kv.data() + t * d, ls.window_kv.data() + ((p0 + t) % W) * kvb);

@@ -1,0 +1,12 @@
+#pragma once
+// C[M, N] = A[M, K] . B[K, N] for float32 row-major matrices (lda, ldb, ldc strides): the
+// attention's probabilities-times-values product, where B (the values) is read row by row.
+// Each C element is accumulated over k in increasing order in one chain, whatever the ISA tile,
+// so results do not depend on M, N or how the work is split. Columns run in parallel on the pool.
+#include <cstdint>
+
+namespace dsv4 {
+
+void gemm_nn(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t N, int64_t K);
+
+}  // namespace dsv4
