@@ -15,13 +15,8 @@ void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t 
     return;
   }
   // Scores S[h, j] = q_h . K_j: the keys act as an F32 weight [n, d], the heads as tokens.
-  QWeight kw;
-  kw.fmt = WFormat::F32;
-  kw.rows = n;
-  kw.cols = d;
-  kw.data = reinterpret_cast<const uint8_t*>(K);
   std::vector<float> p(static_cast<size_t>(H * n));
-  qmatmul(kw, 0, n, Q, d, H, p.data(), n);
+  qmatmul(f32_weight(K, n, d), 0, n, Q, d, H, p.data(), n);
   for (int64_t h = 0; h < H; ++h) {
     float* s = p.data() + h * n;
     float mx = sink[h];
@@ -37,13 +32,8 @@ void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t 
 std::vector<int32_t> indexer_topk(const float* q, const float* w, const float* keys, int64_t n, int64_t heads, int64_t dim,
                                   int64_t k) {
   if (n == 0) return {};
-  QWeight kw;  // the keys as an F32 weight [n, dim], the heads as tokens
-  kw.fmt = WFormat::F32;
-  kw.rows = n;
-  kw.cols = dim;
-  kw.data = reinterpret_cast<const uint8_t*>(keys);
-  std::vector<float> dots(static_cast<size_t>(heads * n));
-  qmatmul(kw, 0, n, q, dim, heads, dots.data(), n);
+  std::vector<float> dots(static_cast<size_t>(heads * n));  // the keys as a weight, heads as tokens
+  qmatmul(f32_weight(keys, n, dim), 0, n, q, dim, heads, dots.data(), n);
   std::vector<float> score(static_cast<size_t>(n), 0.0f);
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t b = 0; b < n; ++b) score[b] += w[h] * std::max(0.0f, dots[h * n + b]);

@@ -62,16 +62,16 @@ void Model::forward(SequenceState& st, const int32_t* tokens, int64_t T, float* 
   if (!logits) return;
 
   // hc_head: collapse the hc copies with sigmoid weights, then final norm and the head.
-  Buf y = zeros(T * D);
+  Buf y = zeros(T * D), mixes = zeros(T * hc);
   const int64_t n = hc * D;
+  matmul(f32_weight(w_.hc_head.fn.data(), hc, n), X.data(), T, mixes.data());
   for (int64_t t = 0; t < T; ++t) {
     const float* xf = X.data() + t * n;
     double ss = 0;
     for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(xf[i]) * xf[i];
     float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + c.eps));
     for (int64_t i = 0; i < hc; ++i) {
-      float m = dot(w_.hc_head.fn.data() + i * n, xf, n) * rs;
-      float p = sigmoid(m * w_.hc_head.scale[0] + w_.hc_head.base[i]) + static_cast<float>(c.hc_eps);
+      float p = sigmoid(mixes[t * hc + i] * rs * w_.hc_head.scale[0] + w_.hc_head.base[i]) + static_cast<float>(c.hc_eps);
       for (int64_t d = 0; d < D; ++d) y[t * D + d] += p * xf[i * D + d];
     }
     rmsnorm(y.data() + t * D, w_.norm.data(), D, c.eps, y.data() + t * D);

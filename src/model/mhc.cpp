@@ -14,14 +14,17 @@ namespace dsv4 {
 void hc_pre(const ModelConfig& c, const HcMixW& mix, const float* X, int64_t T, float* x, float* post, float* comb) {
   const int64_t hc = c.hc, D = c.dim, n = hc * D, M = c.hc_mix();
   const float eps = static_cast<float>(c.hc_eps);
+  // The mixes of every token as one matrix product: fn [M, hc*D] is a small F32 weight.
+  std::vector<float> mixes(static_cast<size_t>(T * M));
+  matmul(f32_weight(mix.fn.data(), M, n), X, T, mixes.data());
   thread_pool().parallel_for(T, [&](int64_t b, int64_t e) {
-    std::vector<float> m(static_cast<size_t>(M));
     for (int64_t t = b; t < e; ++t) {
       const float* xf = X + t * n;
       double ss = 0;
       for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(xf[i]) * xf[i];
       float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + c.eps));
-      for (int64_t k = 0; k < M; ++k) m[k] = dot(mix.fn.data() + k * n, xf, n) * rs;
+      float* m = mixes.data() + t * M;
+      for (int64_t k = 0; k < M; ++k) m[k] *= rs;
       float pre[16];
       for (int64_t i = 0; i < hc; ++i) pre[i] = sigmoid(m[i] * mix.scale[0] + mix.base[i]) + eps;
       for (int64_t j = 0; j < hc; ++j) post[t * hc + j] = 2.0f * sigmoid(m[hc + j] * mix.scale[1] + mix.base[hc + j]);

@@ -40,6 +40,15 @@ void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ld
   });
 }
 
+QWeight f32_weight(const float* data, int64_t rows, int64_t cols) {
+  QWeight w;
+  w.fmt = WFormat::F32;
+  w.rows = rows;
+  w.cols = cols;
+  w.data = reinterpret_cast<const uint8_t*>(data);
+  return w;
+}
+
 void matmul(const QWeight& w, const float* x, int64_t T, float* y) { matmul(w, 0, w.rows, x, w.cols, T, y, w.rows); }
 
 void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* y) {

@@ -14,6 +14,9 @@ void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ld
 // Whole weight, dense output [T, rows].
 void matmul(const QWeight& w, const float* x, int64_t T, float* y);
 
+// A float32 matrix [rows, cols] in memory, viewed as a weight (mHC mixers, cached keys).
+QWeight f32_weight(const float* data, int64_t rows, int64_t cols);
+
 float dot(const float* a, const float* b, int64_t n);
 
 // Totals over every matmul call so far (for benchmarks): weight bytes read in their stored form
