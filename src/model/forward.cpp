@@ -107,18 +107,20 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
   matmul(A.wq_a, x, T, qr.data());
   for (int64_t t = 0; t < T; ++t) rmsnorm(qr.data() + t * Qr, A.q_norm.data(), Qr, eps, qr.data() + t * Qr);
   matmul(A.wq_b, qr.data(), T, q.data());
+  std::vector<RopeTable::At> rot;  // per token of the chunk, shared by every head and vector
+  for (int64_t t = 0; t < T; ++t) rot.push_back(rope.at(p0 + t));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < H; ++h) {
       float* qh = q.data() + (t * H + h) * d;
       rmsnorm(qh, nullptr, d, eps, qh);
-      rope.apply(qh, d, p0 + t);
+      rot[t].apply(qh, d);
     }
   // The single KV head: norm, RoPE, FP8 simulation of the non-rope part.
   matmul(A.wkv, x, T, kv.data());
   for (int64_t t = 0; t < T; ++t) {
     float* k = kv.data() + t * d;
     rmsnorm(k, A.kv_norm.data(), d, eps, k);
-    rope.apply(k, d, p0 + t);
+    rot[t].apply(k, d);
     fp8sim(k, static_cast<size_t>(d - r), 64);
   }
 
@@ -148,7 +150,7 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < HI; ++h) {
         float* v = qi.data() + (t * HI + h) * dI;
-        rope.apply(v, dI, p0 + t);
+        rot[t].apply(v, dI);
         hadamard(v, dI);
         fp4sim(v, static_cast<size_t>(dI), 32);
       }
@@ -199,7 +201,7 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
     }
     float* ot = o.data() + t * H * d;
     attend_heads(q.data() + t * H * d, H, keys.data(), n, d, A.sink.data(), scale, ot);
-    for (int64_t h = 0; h < H; ++h) rope.apply(ot + h * d, d, pos, /*inverse=*/true);
+    for (int64_t h = 0; h < H; ++h) rot[t].apply(ot + h * d, d, /*inverse=*/true);
   }
 
   // The window ring keeps the last W positions for later chunks.

@@ -79,19 +79,30 @@ RopeTable make_rope(int64_t rope_dim, double base, bool yarn, double factor, int
   return t;
 }
 
-void RopeTable::apply(float* v, int64_t n, int64_t pos, bool inverse) const {
-  float* p = v + (n - rope_dim);
+RopeTable::At RopeTable::at(int64_t pos) const {
+  At a;
+  a.cos.resize(freq.size());
+  a.sin.resize(freq.size());
   for (size_t i = 0; i < freq.size(); ++i) {
     // float32 angle, as the reference builds its table.
-    float ang = static_cast<float>(pos) * freq[i];
-    float c = static_cast<float>(std::cos(static_cast<double>(ang)));
-    float s = static_cast<float>(std::sin(static_cast<double>(ang)));
-    if (inverse) s = -s;
-    float a = p[2 * i], b = p[2 * i + 1];
+    const float ang = static_cast<float>(pos) * freq[i];
+    a.cos[i] = static_cast<float>(std::cos(static_cast<double>(ang)));
+    a.sin[i] = static_cast<float>(std::sin(static_cast<double>(ang)));
+  }
+  return a;
+}
+
+void RopeTable::At::apply(float* v, int64_t n, bool inverse) const {
+  float* p = v + (n - 2 * static_cast<int64_t>(cos.size()));
+  for (size_t i = 0; i < cos.size(); ++i) {
+    const float c = cos[i], s = inverse ? -sin[i] : sin[i];
+    const float a = p[2 * i], b = p[2 * i + 1];
     p[2 * i] = a * c - b * s;
     p[2 * i + 1] = a * s + b * c;
   }
 }
+
+void RopeTable::apply(float* v, int64_t n, int64_t pos, bool inverse) const { at(pos).apply(v, n, inverse); }
 
 void hadamard(float* x, int64_t n) {
   for (int64_t h = 1; h < n; h *= 2)

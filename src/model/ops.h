@@ -36,6 +36,13 @@ struct RopeTable {
   std::vector<float> freq;  // rope_dim / 2
   // Rotates the last rope_dim values of v (length n) by pos (inverse: by -pos), interleaved pairs.
   void apply(float* v, int64_t n, int64_t pos, bool inverse = false) const;
+
+  // The same rotation for many vectors at one position: cos/sin computed once.
+  struct At {
+    std::vector<float> cos, sin;
+    void apply(float* v, int64_t n, bool inverse = false) const;
+  };
+  At at(int64_t pos) const;
 };
 RopeTable make_rope(int64_t rope_dim, double base, bool yarn, double factor, int64_t original, double beta_fast, double beta_slow);
 
