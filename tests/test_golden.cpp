@@ -9,6 +9,7 @@
 #include "golden_util.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
+#include "cpu/qmatmul.h"
 #include "model/score.h"
 
 using namespace dsv4;
@@ -106,4 +107,36 @@ TEST(Invariants, ShardedEqualsSingleFile) {
   EXPECT_EQ(sharded.weights().store.files().size(), 3u);
   EXPECT_EQ(score_tokens(single, tokens, 40, 0), score_tokens(sharded, tokens, 40, 0));
   std::filesystem::remove_all(out);
+}
+
+// Every kernel variant: golden logits and chunk invariance with each ISA forced.
+TEST(Invariants, EveryIsaPassesGoldenAndChunking) {
+  for (Isa isa : {Isa::Scalar, Isa::AVX2, Isa::AVX512}) {
+    if (!isa_supported(isa)) {
+      std::printf("[isa %s] not supported by this CPU: skipped\n", isa_name(isa));
+      continue;
+    }
+    set_isa_override(isa);
+    SCOPED_TRACE(isa_name(isa));
+    for (const char* name : {"tiny-native", "tiny-nvfp4-sharded", "tiny-hf-bf16-sharded"}) run_golden_case(name);
+    std::string dir = golden_dir("tiny-native");
+    Model model(load_model(dir + "/model"));
+    std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
+    const int64_t T = static_cast<int64_t>(tokens.size()), V = model.config().vocab;
+    std::vector<float> all = score_tokens(model, tokens, T, 0);
+    for (int64_t chunk : {1, 7}) EXPECT_LE(max_rel(score_tokens(model, tokens, T, chunk), all, T, V), 1e-5) << "chunk " << chunk;
+  }
+  clear_isa_override();
+}
+
+TEST(Invariants, LastLogitsEqualLastRowOfAll) {
+  std::string dir = golden_dir("tiny-native");
+  Model model(load_model(dir + "/model"));
+  std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
+  const int64_t T = 30, V = model.config().vocab;
+  SequenceState a = model.new_sequence(), b = model.new_sequence();
+  std::vector<float> all(static_cast<size_t>(T * V)), last(static_cast<size_t>(V));
+  model.forward(a, tokens.data(), T, all.data());
+  model.forward(b, tokens.data(), T, last.data(), Model::Logits::Last);
+  EXPECT_EQ(std::vector<float>(all.end() - V, all.end()), last);
 }

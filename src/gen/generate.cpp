@@ -91,10 +91,8 @@ GenerateResult generate(const Model& m, Session& s, const Tokenizer& tok, const 
   const int64_t chunk = opt.prefill_chunk > 0 ? opt.prefill_chunk : static_cast<int64_t>(todo.size());
   for (size_t p = 0; p < todo.size(); p += static_cast<size_t>(chunk)) {
     int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(todo.size() - p));
-    bool last = p + static_cast<size_t>(n) == todo.size();
-    std::vector<float> out(last ? static_cast<size_t>(n * V) : 0);
-    m.forward(s.state, todo.data() + p, n, last ? out.data() : nullptr);
-    if (last) std::copy(out.end() - V, out.end(), logits.begin());
+    const bool last = p + static_cast<size_t>(n) == todo.size();
+    m.forward(s.state, todo.data() + p, n, last ? logits.data() : nullptr, Model::Logits::Last);
   }
   s.fed.insert(s.fed.end(), todo.begin(), todo.end());
   auto t1 = std::chrono::steady_clock::now();

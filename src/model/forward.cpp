@@ -40,7 +40,7 @@ Model::Model(ModelWeights weights) : w_(std::move(weights)) {
   }
 }
 
-void Model::forward(SequenceState& st, const int32_t* tokens, int64_t T, float* logits) const {
+void Model::forward(SequenceState& st, const int32_t* tokens, int64_t T, float* logits, Logits which) const {
   const ModelConfig& c = w_.cfg;
   const int64_t D = c.dim, hc = c.hc;
   if (T <= 0) return;
@@ -76,7 +76,10 @@ void Model::forward(SequenceState& st, const int32_t* tokens, int64_t T, float* 
     }
     rmsnorm(y.data() + t * D, w_.norm.data(), D, c.eps, y.data() + t * D);
   }
-  matmul(w_.head, y.data(), T, logits);
+  if (which == Logits::Last)
+    matmul(w_.head, y.data() + (T - 1) * D, 1, logits);
+  else
+    matmul(w_.head, y.data(), T, logits);
 }
 
 void Model::block(int64_t l, const LayerW& L, LayerState& ls, float* X, const int32_t* tokens, int64_t T, int64_t p0) const {

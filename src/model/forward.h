@@ -19,9 +19,13 @@ class Model {
   const ModelWeights& weights() const { return w_; }
   SequenceState new_sequence() const { return make_sequence_state(w_.cfg); }
 
-  // Feeds tokens[0..T) at positions st.pos.. and advances st.pos by T. Writes logits [T, vocab]
-  // when `logits` is non-null. Throws dsv4::Error for a token id outside the vocabulary.
-  void forward(SequenceState& st, const int32_t* tokens, int64_t T, float* logits) const;
+  // Which positions of a chunk get logits: all of them ([T, vocab], scoring) or only the last
+  // ([1, vocab], generation: the head is the largest single matrix).
+  enum class Logits { All, Last };
+
+  // Feeds tokens[0..T) at positions st.pos.. and advances st.pos by T. Writes logits when
+  // `logits` is non-null. Throws dsv4::Error for a token id outside the vocabulary.
+  void forward(SequenceState& st, const int32_t* tokens, int64_t T, float* logits, Logits which = Logits::All) const;
 
  private:
   void block(int64_t l, const LayerW& L, LayerState& ls, float* X, const int32_t* tokens, int64_t T, int64_t p0) const;

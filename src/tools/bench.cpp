@@ -67,10 +67,10 @@ BenchResult run_bench(const BenchOptions& o) {
   }
   std::fprintf(stderr, "bench: prefill %lld tokens...\n", static_cast<long long>(o.prompt_len));
   SequenceState st = model.new_sequence();
-  std::vector<float> logits(static_cast<size_t>(o.prompt_len * c.vocab));
+  std::vector<float> logits(static_cast<size_t>(c.vocab));
   MatmulCounters before = matmul_counters();
   auto t0 = std::chrono::steady_clock::now();
-  model.forward(st, prompt.data(), o.prompt_len, logits.data());
+  model.forward(st, prompt.data(), o.prompt_len, logits.data(), Model::Logits::Last);  // as generation does
   double prefill_s = seconds_since(t0);
   MatmulCounters mid = matmul_counters();
   r.prefill_tok_s = static_cast<double>(o.prompt_len) / prefill_s;
@@ -78,7 +78,7 @@ BenchResult run_bench(const BenchOptions& o) {
   r.prefill_roofline_ratio = static_cast<double>(mid.flops - before.flops) / prefill_s / (r.peak_gflop_s * 1e9);
 
   std::fprintf(stderr, "bench: decode %lld tokens...\n", static_cast<long long>(o.gen));
-  const float* last = logits.data() + (o.prompt_len - 1) * c.vocab;
+  const float* last = logits.data();
   int32_t next = static_cast<int32_t>(std::max_element(last, last + c.vocab) - last);
   std::vector<float> step(static_cast<size_t>(c.vocab));
   t0 = std::chrono::steady_clock::now();
