@@ -4,6 +4,7 @@
 // GFLOP/s and as a fraction of the measured FMA peak; and the fused-vs-GEMM crossover in T.
 //
 // Usage: qmatmul_bench [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N]
+//                      [--only gemv|sweep|gemm]
 // GCC 12's intrinsic headers build _mm*_undefined_*() from self-initialised locals, which
 // trips -Wuninitialized once inlined (GCC PR 105593); silence it for the header only.
 #pragma GCC diagnostic push
@@ -271,7 +272,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   int reps = 5, threads = 0;
   double gib = 1.0;
-  std::string isa_arg;
+  std::string isa_arg, only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
@@ -284,8 +285,11 @@ int main(int argc, char** argv) {
       isa_arg = argv[++i];
     } else if (a == "--threads" && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
+    } else if (a == "--only" && i + 1 < argc) {
+      only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N]\n",
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N] "
+                   "[--only gemv|sweep|gemm]\n",
                    argv[0]);
       return 2;
     }
@@ -335,13 +339,15 @@ int main(int argc, char** argv) {
 
   // GEMV over > LLC of weights: a set of 4096 x 7168 matrices, each called once per repetition.
   const int64_t rows = 4096, cols = 7168;
-  std::printf("\nGEMV T=1, %lld x %lld matrices, each read once per pass\n", static_cast<long long>(rows),
-              static_cast<long long>(cols));
-  std::printf("%-9s %5s %9s %9s %9s %7s %9s\n", "format", "mats", "MiB", "best GB/s", "worst", "of bw", "ms/mat");
+  auto run_section = [&](const char* name) { return only.empty() || only == name; };
   std::vector<float> x(static_cast<size_t>(512 * cols));
   fill_random(reinterpret_cast<uint8_t*>(x.data()), x.size() * 4, 5);
   sanitize(WFormat::F32, reinterpret_cast<uint8_t*>(x.data()), x.size() * 4);
   std::vector<float> y(static_cast<size_t>(512 * rows));
+  if (run_section("gemv")) {
+  std::printf("\nGEMV T=1, %lld x %lld matrices, each read once per pass\n", static_cast<long long>(rows),
+              static_cast<long long>(cols));
+  std::printf("%-9s %5s %9s %9s %9s %7s %9s\n", "format", "mats", "MiB", "best GB/s", "worst", "of bw", "ms/mat");
   for (WFormat f : kFormats) {
     const size_t per = WeightSet::payload(f, rows, cols);
     const int count = std::max(1, static_cast<int>(gib * (1u << 30) / static_cast<double>(per)));
@@ -355,9 +361,11 @@ int main(int argc, char** argv) {
                 static_cast<double>(set.bytes) / (1 << 20), s.best, s.worst, 100.0 * s.best / bw,
                 1e3 * static_cast<double>(set.bytes) / 1e9 / s.best / count);
   }
+  }
 
   // Fused vs GEMM path across T (one 4096 x 7168 matrix, L3-resident after the first call).
   const int64_t Ts[] = {1, 2, 4, 8, 12, 16, 24, 32, 64};
+  if (run_section("sweep")) {
   std::printf("\nT sweep (GFLOP/s), fused path vs GEMM path, one %lld x %lld matrix\n", static_cast<long long>(rows),
               static_cast<long long>(cols));
   for (WFormat f : {WFormat::FP8Block, WFormat::MXFP4, WFormat::BF16}) {
@@ -379,8 +387,10 @@ int main(int argc, char** argv) {
   }
   set_qmatmul_fused_max_tokens(-1);
   std::printf("(default fused_max_tokens = %d)\n", qmatmul_fused_max_tokens());
+  }
 
   // GEMM T=512.
+  if (!run_section("gemm")) return 0;
   const int64_t T = 512;
   std::printf("\nGEMM T=%lld, %lld x %lld, GFLOP/s (peak FMA %.1f)\n", static_cast<long long>(T),
               static_cast<long long>(rows), static_cast<long long>(cols), peak);

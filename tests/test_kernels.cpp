@@ -1,6 +1,8 @@
 // qmatmul (src/cpu): every stored format x every ISA this CPU has x both kernel paths (fused,
 // panel GEMM), against a double-precision reference built from dequant_row, plus a bit-exact
-// decode check (one-hot activations reproduce dequant_row's values) and ISA-vs-ISA agreement.
+// decode check (one-hot activations reproduce dequant_row's values), bit-exact batch
+// invariance (an output does not depend on T, batch position, row range, strides, thread count
+// or path) and ISA-vs-ISA agreement.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "core/weight.h"
 #include "cpu/qmatmul.h"
 
@@ -253,6 +256,82 @@ void run_isa_exact(Isa isa) {
   }
 }
 
+// Batch invariance, bit for bit: for a fixed ISA, every output (row r, token t) must be the same
+// float whatever the batch around it: T=1 (each token alone) vs batches of 3, 7, 37, 100 at
+// several offsets (so a token sits at different positions in its batch), row sub-ranges, x and y
+// strides, thread counts, and the fused vs GEMM path. Prefill chunking relies on this (see
+// qmatmul.h).
+void run_isa_invariance(Isa isa) {
+  IsaGuard guard(isa);
+  uint32_t seed = 400;
+  for (WFormat f : kFormats) {
+    const bool fp4 = f == WFormat::MXFP4 || f == WFormat::NVFP4;
+    // Long rows (several K chunks, partial last group), FP8 scale blocks crossed by row tiles,
+    // many rows (whole 128-row blocks and full token blocks on each of two threads), and a
+    // small shape.
+    const Shape shapes[] = {{150, fp4 ? 2340 : 2339}, {300, fp4 ? 640 : 601}, {37, 100}};
+    for (const Shape& s : shapes) {
+      const Owned o = make_weight(f, s.rows, s.cols, seed++);
+      constexpr int64_t NT = 100;
+      const int64_t rows = s.rows, cols = s.cols, ldx = cols + 3;
+      std::mt19937 g(seed++);
+      std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+      std::vector<float> x(static_cast<size_t>(NT * ldx), std::numeric_limits<float>::quiet_NaN());
+      for (int64_t t = 0; t < NT; ++t)
+        for (int64_t c = 0; c < cols; ++c) x[t * ldx + c] = d(g);
+      // Reference: each token alone, default path, all rows.
+      std::vector<float> ref(static_cast<size_t>(NT * rows));
+      set_qmatmul_fused_max_tokens(-1);
+      for (int64_t t = 0; t < NT; ++t) qmatmul(o.w, 0, rows, x.data() + t * ldx, ldx, 1, ref.data() + t * rows, rows);
+      int bad = 0;
+      // Tokens [t0, t0+T) as one batch (x copied with another stride), rows [r0, r1).
+      auto check = [&](int path, int64_t t0, int64_t T, int64_t r0, int64_t r1) {
+        set_qmatmul_fused_max_tokens(path);
+        const int64_t ldx2 = cols + 11, ldy = (r1 - r0) + 2;
+        std::vector<float> xb(static_cast<size_t>(T * ldx2), std::numeric_limits<float>::quiet_NaN());
+        for (int64_t t = 0; t < T; ++t) std::memcpy(&xb[t * ldx2], &x[(t0 + t) * ldx], sizeof(float) * cols);
+        std::vector<float> y(static_cast<size_t>(T * ldy), kSentinel);
+        qmatmul(o.w, r0, r1, xb.data(), ldx2, T, y.data(), ldy);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t i = 0; i < r1 - r0; ++i) {
+            const float got = y[t * ldy + i], want = ref[(t0 + t) * rows + r0 + i];
+            if (std::memcmp(&got, &want, sizeof(float)) != 0 && bad++ < 5) {
+              ADD_FAILURE() << isa_name(isa) << " " << wformat_name(f) << " " << rows << "x" << cols
+                            << " path=" << path_name(path) << " batch [" << t0 << "," << t0 + T << ") rows [" << r0
+                            << "," << r1 << "): token " << t0 + t << " row " << r0 + i << " got " << got
+                            << " alone " << want;
+            }
+          }
+      };
+      for (int path : kPaths) {
+        if (isa == Isa::Scalar && path != -1) continue;  // one path only
+        for (int64_t t = 0; t < NT; t += 7) check(path, t, 1, 0, rows);
+        for (int64_t T : {3, 7, 37, 100}) {
+          check(path, 0, T, 0, rows);
+          if (T < NT) {
+            check(path, NT - T, T, 0, rows);
+            check(path, (NT - T) / 2 + 1, T, 0, rows);
+          }
+        }
+        check(path, 5, 7, 3, rows - 2);
+        check(path, 20, 37, rows / 2, rows / 2 + 1);
+        check(path, 0, 100, rows / 3, rows);
+        check(path, 1, 2, 1, rows - 1);
+        check(path, 90, 9, 2, rows / 2 + 3);
+        check(path, 11, 17, 0, rows / 3 + 1);
+        // Other thread counts split rows (or tokens) elsewhere.
+        for (int threads : {1, 3}) {
+          set_threads(threads);
+          check(path, 0, 100, 0, rows);
+          check(path, 4, 13, 1, rows);
+          set_threads(0);
+        }
+      }
+      EXPECT_EQ(bad, 0) << isa_name(isa) << " " << wformat_name(f) << " " << rows << "x" << cols;
+    }
+  }
+}
+
 void require(Isa isa) {
   if (!isa_supported(isa)) GTEST_SKIP() << "CPU lacks " << isa_name(isa);
 }
@@ -314,6 +393,7 @@ TEST(Kernels, EdgeCases) {
 }
 
 TEST(Kernels, Scalar) { run_isa_suite(Isa::Scalar); }
+TEST(Kernels, ScalarBatchInvariant) { run_isa_invariance(Isa::Scalar); }
 TEST(Kernels, ScalarLarge) { run_isa_large(Isa::Scalar); }
 
 TEST(Kernels, AVX2) {
@@ -328,6 +408,10 @@ TEST(Kernels, AVX2ExactDecode) {
   require(Isa::AVX2);
   run_isa_exact(Isa::AVX2);
 }
+TEST(Kernels, AVX2BatchInvariant) {
+  require(Isa::AVX2);
+  run_isa_invariance(Isa::AVX2);
+}
 
 TEST(Kernels, AVX512) {
   require(Isa::AVX512);
@@ -340,6 +424,10 @@ TEST(Kernels, AVX512Large) {
 TEST(Kernels, AVX512ExactDecode) {
   require(Isa::AVX512);
   run_isa_exact(Isa::AVX512);
+}
+TEST(Kernels, AVX512BatchInvariant) {
+  require(Isa::AVX512);
+  run_isa_invariance(Isa::AVX512);
 }
 
 // Every available ISA gives the same numbers (to rounding) on the same problem.

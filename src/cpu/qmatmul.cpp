@@ -11,6 +11,10 @@
 #include "core/threads.h"
 #include "cpu/qmatmul_impl.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace dsv4 {
 namespace qmm {
 
@@ -22,7 +26,12 @@ struct AlignedBuf {
   AlignedBuf() = default;
   AlignedBuf(const AlignedBuf&) = delete;
   AlignedBuf& operator=(const AlignedBuf&) = delete;
-  ~AlignedBuf() { std::free(p); }
+  ~AlignedBuf() {
+#if defined(__SANITIZE_ADDRESS__)
+    if (p != nullptr) ASAN_UNPOISON_MEMORY_REGION(p, cap * sizeof(float));
+#endif
+    std::free(p);
+  }
 };
 
 }  // namespace
@@ -37,6 +46,9 @@ AlignedBuf* thread_bufs() {
 void release_scratch() {
   for (int i = 0; i < kNumSlots; ++i) {
     AlignedBuf& b = thread_bufs()[i];
+#if defined(__SANITIZE_ADDRESS__)
+    if (b.p != nullptr) ASAN_UNPOISON_MEMORY_REGION(b.p, b.cap * sizeof(float));
+#endif
     std::free(b.p);
     b.p = nullptr;
     b.cap = 0;
@@ -55,6 +67,12 @@ float* scratch(ScratchSlot slot, size_t floats) {
     b.p = static_cast<float*>(p);
     b.cap = cap;
   }
+#if defined(__SANITIZE_ADDRESS__)
+  // Under AddressSanitizer, reading or writing past what this call asked for is an error even
+  // where an earlier, larger request left room.
+  ASAN_UNPOISON_MEMORY_REGION(b.p, floats * sizeof(float));
+  ASAN_POISON_MEMORY_REGION(b.p + floats, (b.cap - floats) * sizeof(float));
+#endif
   return b.p;
 }
 

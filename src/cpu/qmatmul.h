@@ -6,12 +6,19 @@
 // rows split over the persistent pool. Weights are decoded in registers from their stored bytes
 // (F32, BF16, F16, FP8Block, MXFP4, NVFP4); each weight byte is read from memory once per call.
 // T <= qmatmul_fused_max_tokens() runs a fused decode+dot kernel (rows x token tiles, software
-// prefetch); larger T decodes row panels into an L2-resident float buffer and runs a
+// prefetch); larger T decodes row sub-blocks into an L1-resident float panel and runs a
 // register-blocked GEMM microkernel over token tiles.
 //
+// Batch invariance: for a fixed ISA, each output y(r, t) is bit-identical whatever T, the
+// token's position in the batch, [r0, r1), ldx/ldy, the thread count and the path (fused or
+// GEMM): every path accumulates it in one canonical order (qmatmul_kernels.inc spells it out:
+// W-lane vector accumulators over the columns in a fixed decoded order, FP8 block scales
+// applied to x, FP4 scales to per-group partial sums, one fixed horizontal-reduction tree).
+// The scalar ISA has its own order (dequant_row, then four interleaved sums per token), also
+// independent of the batch. Different ISAs agree only to rounding.
+//
 // Decoded weights are bit-identical to dequant_row's (tests check this with one-hot inputs).
-// Results agree with dequant_row-then-dot to float rounding: summation order differs, and the
-// fused path applies a block's scale to the block's partial sum. Not reproduced: E4M3 NaN weight
+// Results agree with dequant_row-then-dot to float rounding. Not reproduced: E4M3 NaN weight
 // codes (0x7F/0xFF decode as +-480), E8M0 NaN scales, FP8Block scales >= 2^120 and MXFP4 scales
 // >= 2^127 (beyond any real checkpoint).
 #include <cstdint>

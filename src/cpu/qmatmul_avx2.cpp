@@ -32,10 +32,12 @@ struct V {
   TGTI static reg set1(float v) { return _mm256_set1_ps(v); }
   TGTI static reg load(const float* p) { return _mm256_loadu_ps(p); }
   TGTI static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
-  TGTI static reg bcast(const float* p) { return _mm256_broadcast_ss(p); }
   TGTI static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
   TGTI static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
   TGTI static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  // Pins v in a register: the compiler can no longer re-read it from memory at each use.
+  TGTI static void keep(reg& v) { asm("" : "+x"(v)); }
+  // The canonical reduction tree: lanes l + l+4, then l + l+2, l + l+1.
   TGTI static float hsum(reg v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -43,9 +45,6 @@ struct V {
     return _mm_cvtss_f32(s);
   }
 };
-
-constexpr int kMR = 6;  // 6 rows x 2 vectors of tokens = 12 accumulators
-constexpr int kNVT = 2;
 
 struct DecBase {
   const uint8_t* data;
@@ -230,6 +229,14 @@ struct FusedShapes {
   using S2 = Shape<2, 2>;
   using S4 = Shape<1, 4>;
   using SN = Shape<1, 4>;
+};
+
+// GEMM register tile: MR rows x NR tokens (accumulators, or for FP4 the group's partial sums),
+// plus MR + 1 operand registers: all 16.
+template <class D>
+struct GemmShape {
+  static constexpr int MR = 3;
+  static constexpr int NR = 4;
 };
 
 #include "cpu/qmatmul_kernels.inc"

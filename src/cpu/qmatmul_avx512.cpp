@@ -29,15 +29,21 @@ struct V {
   TGTI static reg set1(float v) { return _mm512_set1_ps(v); }
   TGTI static reg load(const float* p) { return _mm512_loadu_ps(p); }
   TGTI static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
-  TGTI static reg bcast(const float* p) { return _mm512_set1_ps(*p); }
   TGTI static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
   TGTI static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
   TGTI static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
-  TGTI static float hsum(reg v) { return _mm512_reduce_add_ps(v); }
+  // Pins v in a register: the compiler can no longer re-read it from memory at each use.
+  TGTI static void keep(reg& v) { asm("" : "+v"(v)); }
+  // The canonical reduction tree (part of the summation order: every path calls this):
+  // lanes l + l+8, then l + l+4, l + l+2, l + l+1.
+  TGTI static float hsum(reg v) {
+    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
 };
-
-constexpr int kMR = 14;  // 14 rows x 2 vectors of tokens = 28 accumulators
-constexpr int kNVT = 2;
 
 struct DecBase {
   const uint8_t* data;
@@ -215,7 +221,7 @@ struct DecNV : DecBase {
 
 // Fused path shapes: rows R and token tile TTM for T = 1, 2, 3-4, more. T=1 takes 8 rows per tile
 // (8 weight streams in flight, each x load shared by 8 rows); larger T fewer rows, so that R*TTM
-// accumulators and partial sums fit the 32 registers.
+// accumulators (and for FP4 as many partial sums) fit the 32 registers.
 template <int R_, int TTM_>
 struct Shape {
   static constexpr int R = R_, TTM = TTM_;
@@ -225,7 +231,15 @@ struct FusedShapes {
   using S1 = Shape<8, 1>;
   using S2 = Shape<4, 2>;
   using S4 = Shape<2, 4>;
-  using SN = Shape<2, 8>;
+  using SN = Shape<2, D::kRowScales ? 4 : 8>;  // FP4: partial sums as well
+};
+
+// GEMM register tile: MR rows x NR tokens (accumulators, or for FP4 the group's partial sums),
+// plus MR + 1 operand registers.
+template <class D>
+struct GemmShape {
+  static constexpr int MR = 4;
+  static constexpr int NR = 6;
 };
 
 #include "cpu/qmatmul_kernels.inc"

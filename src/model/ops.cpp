@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/threads.h"
+#include "cpu/qmatmul.h"
 
 namespace dsv4 {
 
@@ -30,14 +31,7 @@ MatmulCounters matmul_counters() { return {g_weight_bytes.load(), g_flops.load()
 void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy) {
   g_weight_bytes += static_cast<uint64_t>(static_cast<double>(w.stored_bytes()) * static_cast<double>(r1 - r0) / static_cast<double>(w.rows));
   g_flops += static_cast<uint64_t>(2 * (r1 - r0) * w.cols * T);
-  const int64_t cols = w.cols;
-  thread_pool().parallel_for(r1 - r0, [&](int64_t b, int64_t e) {
-    std::vector<float> row(static_cast<size_t>(cols));
-    for (int64_t i = b; i < e; ++i) {
-      dequant_row(w, r0 + i, row.data());
-      for (int64_t t = 0; t < T; ++t) y[t * ldy + i] = dot(row.data(), x + t * ldx, cols);
-    }
-  });
+  qmatmul(w, r0, r1, x, ldx, T, y, ldy);  // fused dequantise + dot, ISA dispatched (cpu/qmatmul.h)
 }
 
 QWeight f32_weight(const float* data, int64_t rows, int64_t cols) {
