@@ -1,4 +1,6 @@
 // dsv4 command-line interface: dispatch and help.
+#include <malloc.h>
+
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -96,6 +98,10 @@ Errors print one line to stderr and exit with status 1 (2 for bad usage).
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Large per-step buffers (logits, decoded window ring, attention scratch) would otherwise be
+  // fresh mmaps, zeroed by the kernel on every decode step; keep them in the reusable heap.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   if (argc < 2) {
     std::fputs(kHelp, stderr);
     return 2;
