@@ -25,6 +25,7 @@
 #include "core/threads.h"
 #include "core/weight.h"
 #include "cpu/qmatmul.h"
+#include "tools/roofline.h"
 
 using namespace dsv4;
 
@@ -67,111 +68,6 @@ struct AlignedBytes {
   AlignedBytes(const AlignedBytes&) = delete;
   AlignedBytes& operator=(const AlignedBytes&) = delete;
 };
-
-__attribute__((target("avx512f"))) float read512(const uint8_t* p, size_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  const float* f = reinterpret_cast<const float*>(p);
-  for (size_t i = 0; i + 64 <= n / 4; i += 64) {
-    a0 = _mm512_add_ps(a0, _mm512_load_ps(f + i));
-    a1 = _mm512_add_ps(a1, _mm512_load_ps(f + i + 16));
-    a2 = _mm512_add_ps(a2, _mm512_load_ps(f + i + 32));
-    a3 = _mm512_add_ps(a3, _mm512_load_ps(f + i + 48));
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-}
-
-__attribute__((target("avx2"))) float read256(const uint8_t* p, size_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  const float* f = reinterpret_cast<const float*>(p);
-  for (size_t i = 0; i + 32 <= n / 4; i += 32) {
-    a0 = _mm256_add_ps(a0, _mm256_load_ps(f + i));
-    a1 = _mm256_add_ps(a1, _mm256_load_ps(f + i + 8));
-    a2 = _mm256_add_ps(a2, _mm256_load_ps(f + i + 16));
-    a3 = _mm256_add_ps(a3, _mm256_load_ps(f + i + 24));
-  }
-  alignas(32) float o[8];
-  _mm256_store_ps(o, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  return o[0] + o[1] + o[2] + o[3] + o[4] + o[5] + o[6] + o[7];
-}
-
-float read_scalar(const uint8_t* p, size_t n) {
-  const float* f = reinterpret_cast<const float*>(p);
-  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  for (size_t i = 0; i + 4 <= n / 4; i += 4) {
-    s0 += f[i];
-    s1 += f[i + 1];
-    s2 += f[i + 2];
-    s3 += f[i + 3];
-  }
-  return s0 + s1 + s2 + s3;
-}
-
-// Streaming read of the whole buffer, split over the pool in 1 MiB-aligned pieces.
-double bandwidth(const AlignedBytes& buf, int reps, Stats* st) {
-  const size_t piece = 1 << 20, npieces = buf.n / piece;
-  std::vector<float> sink(256);
-  auto fn = [&] {
-    thread_pool().parallel_for(static_cast<int64_t>(npieces), [&](int64_t b, int64_t e) {
-      const uint8_t* p = buf.p + b * piece;
-      const size_t n = static_cast<size_t>(e - b) * piece;
-      float s;
-      if (isa_supported(Isa::AVX512)) {
-        s = read512(p, n);
-      } else if (isa_supported(Isa::AVX2)) {
-        s = read256(p, n);
-      } else {
-        s = read_scalar(p, n);
-      }
-      sink[static_cast<size_t>(b) % sink.size()] = s;
-    });
-  };
-  fn();  // warm (page faults)
-  *st = rate(reps, static_cast<double>(npieces * piece) / 1e9, fn);
-  return st->best;
-}
-
-// Independent FMA chains: 2 * 16 lanes * 12 accumulators * iters flops per thread.
-__attribute__((target("avx512f,fma"))) float fma512(int64_t iters) {
-  __m512 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(static_cast<float>(i) * 1e-3f);
-  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-  for (int64_t k = 0; k < iters; ++k) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
-  }
-  __m512 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
-  return _mm512_reduce_add_ps(s);
-}
-
-__attribute__((target("avx2,fma"))) float fma256(int64_t iters) {
-  __m256 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(static_cast<float>(i) * 1e-3f);
-  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-  for (int64_t k = 0; k < iters; ++k) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
-  }
-  __m256 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, a[i]);
-  alignas(32) float o[8];
-  _mm256_store_ps(o, s);
-  return o[0] + o[7];
-}
-
-double peak_fma(Isa isa, int reps, Stats* st) {
-  const int64_t iters = 20'000'000;
-  const int threads = thread_pool().size();
-  const int lanes = isa == Isa::AVX512 ? 16 : 8;
-  std::vector<float> sink(static_cast<size_t>(threads));
-  auto fn = [&] {
-    thread_pool().parallel_for(threads, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) sink[static_cast<size_t>(i)] = isa == Isa::AVX512 ? fma512(iters) : fma256(iters);
-    });
-  };
-  *st = rate(reps, 2.0 * lanes * 12 * static_cast<double>(iters) * threads / 1e9, fn);
-  return st->best;
-}
 
 // ---------------------------------------------------------------- weights
 
@@ -309,33 +205,15 @@ int main(int argc, char** argv) {
   std::printf("qmatmul_bench: isa=%s threads=%d reps=%d weights=%.2f GiB per format (GEMV)\n", isa_name(isa), nthr,
               reps, gib);
 
-  // Machine.
-  Stats st;
-  {
-    AlignedBytes buf(static_cast<size_t>(1) << 30);
-    fill_random(buf.p, buf.n, 99);
-    sanitize(WFormat::F32, buf.p, buf.n);
-    set_threads(1);
-    const double bw1 = bandwidth(buf, reps, &st);
-    std::printf("read bandwidth, 1 thread : best %6.2f GB/s (worst %6.2f)\n", bw1, st.worst);
-    set_threads(threads);
-  }
-  double bw = 0;
-  {
-    AlignedBytes buf(static_cast<size_t>(1) << 30);
-    fill_random(buf.p, buf.n, 98);
-    sanitize(WFormat::F32, buf.p, buf.n);
-    bw = bandwidth(buf, reps, &st);
-  }
-  std::printf("read bandwidth, %d threads: best %6.2f GB/s (worst %6.2f, median %6.2f)\n", nthr, bw, st.worst,
-              st.median);
-  const Isa fisa = isa == Isa::Scalar ? (isa_supported(Isa::AVX2) ? Isa::AVX2 : Isa::Scalar) : isa;
-  double peak = 0;
-  if (fisa != Isa::Scalar) {
-    peak = peak_fma(fisa, reps, &st);
-    std::printf("peak FMA (%s, %d threads): best %7.1f GFLOP/s (worst %7.1f)\n", isa_name(fisa), nthr, peak,
-                st.worst);
-  }
+  // Machine: the same probes `dsv4 bench` uses (src/tools/roofline).
+  set_threads(1);
+  const double bw1 = measure_read_bandwidth(static_cast<size_t>(1) << 30, reps);
+  std::printf("read bandwidth, 1 thread : best %6.2f GB/s\n", bw1);
+  set_threads(threads);
+  const double bw = measure_read_bandwidth(static_cast<size_t>(1) << 30, reps);
+  std::printf("read bandwidth, %d threads: best %6.2f GB/s\n", nthr, bw);
+  const double peak = measure_peak_gflops(reps);
+  std::printf("peak FMA (%s, %d threads): best %7.1f GFLOP/s\n", isa_name(isa), nthr, peak);
 
   // GEMV over > LLC of weights: a set of 4096 x 7168 matrices, each called once per repetition.
   const int64_t rows = 4096, cols = 7168;

@@ -82,19 +82,19 @@ GenerateResult generate(const Model& m, Session& s, const Tokenizer& tok, const 
   // Reuse the consumed prefix when the new prompt extends it; otherwise start over.
   bool extends = s.fed.size() < prompt.size() && std::equal(s.fed.begin(), s.fed.end(), prompt.begin());
   if (!extends) s = new_session(m);
-  std::vector<int32_t> todo(prompt.begin() + static_cast<std::ptrdiff_t>(s.fed.size()), prompt.end());
+  std::vector<int32_t> pending(prompt.begin() + static_cast<std::ptrdiff_t>(s.fed.size()), prompt.end());
 
   GenerateResult r;
-  r.prompt_tokens = static_cast<int64_t>(todo.size());
+  r.prompt_tokens = static_cast<int64_t>(pending.size());
   auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits(static_cast<size_t>(V));
-  const int64_t chunk = opt.prefill_chunk > 0 ? opt.prefill_chunk : static_cast<int64_t>(todo.size());
-  for (size_t p = 0; p < todo.size(); p += static_cast<size_t>(chunk)) {
-    int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(todo.size() - p));
-    const bool last = p + static_cast<size_t>(n) == todo.size();
-    m.forward(s.state, todo.data() + p, n, last ? logits.data() : nullptr, Model::Logits::Last);
+  const int64_t chunk = opt.prefill_chunk > 0 ? opt.prefill_chunk : static_cast<int64_t>(pending.size());
+  for (size_t p = 0; p < pending.size(); p += static_cast<size_t>(chunk)) {
+    int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(pending.size() - p));
+    const bool last = p + static_cast<size_t>(n) == pending.size();
+    m.forward(s.state, pending.data() + p, n, last ? logits.data() : nullptr, Model::Logits::Last);
   }
-  s.fed.insert(s.fed.end(), todo.begin(), todo.end());
+  s.fed.insert(s.fed.end(), pending.begin(), pending.end());
   auto t1 = std::chrono::steady_clock::now();
 
   Sampler sampler(opt.sampling);
