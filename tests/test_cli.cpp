@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "golden_util.h"
+#include "test_util.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
 #include "model/score.h"
@@ -27,15 +27,8 @@ struct CliRun {
 
 // Runs the dsv4 binary with `args`; captures stderr (stdout is discarded).
 CliRun dsv4_run(const std::string& args) {
-  std::string cmd = std::string(DSV4_BIN) + " " + args + " 2>&1 >/dev/null";
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.err.append(buf, n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
+  CommandResult c = run_command(std::string(DSV4_BIN) + " " + args + " 2>&1 >/dev/null");
+  return {c.status, c.output};
 }
 
 std::string tiny() { return golden_dir("tiny-native"); }
@@ -87,13 +80,9 @@ void patch_header_len(const std::string& file, uint64_t v) {
 }  // namespace
 
 TEST(Cli, HelpListsEveryCommand) {
-  std::string cmd = std::string(DSV4_BIN) + " --help";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  EXPECT_EQ(pclose(p), 0);
+  CommandResult help = run_command(std::string(DSV4_BIN) + " --help");
+  EXPECT_EQ(help.status, 0);
+  const std::string& out = help.output;
   for (const char* s : {"score", "make-tiny", "inspect", "--model", "--tokens", "--prefill", "--chunk", "--threads", "--out",
                         "--preset", "--format", "--seed", "--shards"})
     EXPECT_NE(out.find(s), std::string::npos) << s;
@@ -209,13 +198,9 @@ TEST(Cli, ConfigInconsistentWithTensors) {
 }
 
 TEST(Cli, InspectDescribesCheckpoint) {
-  std::string cmd = std::string(DSV4_BIN) + " inspect --model " + golden_dir("tiny-nvfp4-sharded") + "/model";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  EXPECT_EQ(pclose(p), 0);
+  CommandResult r = run_command(std::string(DSV4_BIN) + " inspect --model " + golden_dir("tiny-nvfp4-sharded") + "/model");
+  EXPECT_EQ(r.status, 0);
+  const std::string& out = r.output;
   for (const char* s : {"NVFP4", "MXFP4", "FP8Block", "CSA(4)", "HCA(16)", "window", "hash-routed", "mtp", "F8_E4M3", "total"})
     EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
 }
@@ -236,14 +221,9 @@ TEST(Cli, MakeTinyThenScore) {
 }
 
 TEST(Cli, BenchJsonHasEveryField) {
-  std::string cmd = std::string(DSV4_BIN) + " bench --model " + tiny() + "/model --prompt-len 16 --gen 4 --threads 2 --json 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0);
-  nlohmann::json j = nlohmann::json::parse(out);
+  CommandResult r = run_command(std::string(DSV4_BIN) + " bench --model " + tiny() + "/model --prompt-len 16 --gen 4 --threads 2 --json 2>/dev/null");
+  ASSERT_EQ(r.status, 0);
+  nlohmann::json j = nlohmann::json::parse(r.output);
   for (const char* k : {"prefill_tok_s", "decode_tok_s", "decode_bytes_per_token", "mem_bw_gb_s", "peak_gflop_s",
                         "decode_roofline_ratio", "prefill_roofline_ratio", "peak_rss_mb"})
     EXPECT_GT(j.at(k).get<double>(), 0.0) << k;

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "golden_util.h"
+#include "test_util.h"
 
 using namespace dsv4::testing;
 namespace fs = std::filesystem;
@@ -30,26 +30,21 @@ Out run(const std::string& args) {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(dir + "/o"), slurp(dir + "/e")};
 }
 
-std::string tok_dir() {
-  if (const char* e = std::getenv("DSV4_TOKENIZER_DIR")) return e;
-  return (fs::path(DSV4_BIN).parent_path() / "deps" / "tokenizer").string();
-}
-
 #define REQUIRE_TOKENIZER()                                                          \
-  if (!fs::exists(tok_dir() + "/tokenizer.json")) GTEST_SKIP() << "no tokenizer.json in " << tok_dir()
+  if (!fs::exists(tokenizer_dir() + "/tokenizer.json")) GTEST_SKIP() << "no tokenizer.json in " << tokenizer_dir()
 
 }  // namespace
 
 TEST(CliText, TokenizeDetokenizeRoundTrip) {
   REQUIRE_TOKENIZER();
-  Out t = run("tokenize --tokenizer " + tok_dir() + " --text 'Hello, 世界! 123456' --json");
+  Out t = run("tokenize --tokenizer " + tokenizer_dir() + " --text 'Hello, 世界! 123456' --json");
   ASSERT_EQ(t.status, 0) << t.err;
   EXPECT_EQ(t.out, "[19923, 14, 223, 3427, 3, 223, 6895, 18009]\n");
-  Out d = run("detokenize --tokenizer " + tok_dir() + " --ids 19923,14,223,3427,3,223,6895,18009");
+  Out d = run("detokenize --tokenizer " + tokenizer_dir() + " --ids 19923,14,223,3427,3,223,6895,18009");
   ASSERT_EQ(d.status, 0) << d.err;
   EXPECT_EQ(d.out, "Hello, 世界! 123456\n");
-  EXPECT_EQ(run("detokenize --tokenizer " + tok_dir() + " --ids 129280").status, 1);
-  EXPECT_EQ(run("tokenize --tokenizer " + tok_dir()).status, 2);  // neither --text nor --file
+  EXPECT_EQ(run("detokenize --tokenizer " + tokenizer_dir() + " --ids 129280").status, 1);
+  EXPECT_EQ(run("tokenize --tokenizer " + tokenizer_dir()).status, 2);  // neither --text nor --file
   EXPECT_EQ(run("tokenize --tokenizer /nonexistent --text hi").status, 1);
 }
 
@@ -74,7 +69,7 @@ TEST(CliText, ChatTemplateMatchesOfficialCases) {
 TEST(CliText, GenerateOnDemoModelStreamsAndReportsTiming) {
   REQUIRE_TOKENIZER();
   std::string model = temp_dir("clitext-demo") + "/m";
-  Out mk = run("make-tiny --out " + model + " --preset demo --seed 2 --tokenizer " + tok_dir());
+  Out mk = run("make-tiny --out " + model + " --preset demo --seed 2 --tokenizer " + tokenizer_dir());
   ASSERT_EQ(mk.status, 0) << mk.err;
   ASSERT_TRUE(fs::exists(model + "/tokenizer.json"));
   const std::string gen = "generate --model " + model + " --prompt 'Hello there' --mode chat -n 8 --temperature 0.7 --seed 1";
@@ -89,7 +84,7 @@ TEST(CliText, GenerateOnDemoModelStreamsAndReportsTiming) {
   EXPECT_EQ(run("generate --model " + model + " --prompt hi --mode poetry").status, 2);
   EXPECT_EQ(run("generate --model " + model + " --prompt hi --top-p 0").status, 1);
   // A tokenizer larger than the model's vocabulary is refused up front.
-  Out bad = run("generate --model " + golden_dir("tiny-native") + "/model --tokenizer " + tok_dir() + " --prompt hi");
+  Out bad = run("generate --model " + golden_dir("tiny-native") + "/model --tokenizer " + tokenizer_dir() + " --prompt hi");
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.err.find("vocab_size"), std::string::npos) << bad.err;
   // Interactive chat over stdin: two turns, a reset, exit.

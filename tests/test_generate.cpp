@@ -7,18 +7,13 @@
 
 #include "core/error.h"
 #include "gen/generate.h"
-#include "golden_util.h"
+#include "test_util.h"
 #include "model/score.h"
 
 using namespace dsv4;
 using namespace dsv4::testing;
 
 namespace {
-
-std::string tokenizer_dir() {
-  if (const char* e = std::getenv("DSV4_TOKENIZER_DIR")) return e;
-  return (std::filesystem::path(DSV4_BIN).parent_path() / "deps" / "tokenizer").string();
-}
 
 bool valid_utf8(std::string_view s) {
   size_t i = 0;

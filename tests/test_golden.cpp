@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "golden_util.h"
+#include "test_util.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
 #include "cpu/qmatmul.h"

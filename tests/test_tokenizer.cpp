@@ -19,18 +19,15 @@
 #include "core/error.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using dsv4::StreamDecoder;
 using dsv4::Tokenizer;
+using dsv4::testing::tokenizer_dir;
 using nlohmann::json;
 
 namespace {
-
-std::string tokenizer_dir() {
-  if (const char* env = std::getenv("DSV4_TOKENIZER_DIR"); env && *env) return env;
-  return (fs::path(DSV4_BIN).parent_path() / "deps" / "tokenizer").string();
-}
 
 std::string corpus_file(const std::string& name) {
   return (fs::path(DSV4_TEST_DATA).parent_path() / "tokenizer" / name).string();

@@ -1,5 +1,11 @@
 #pragma once
-// Shared helpers for tests that use the golden cases in tests/data/golden (and ../shared/golden).
+// Shared test helpers: golden cases (tests/data/golden, ../shared/golden), the fetched tokenizer,
+// temporary directories, running the dsv4 binary.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -38,6 +44,29 @@ inline std::string temp_dir(const std::string& tag) {
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p.string();
+}
+
+// The real tokenizer fetched by scripts/test.sh: $DSV4_TOKENIZER_DIR, else build/deps/tokenizer.
+inline std::string tokenizer_dir() {
+  if (const char* env = std::getenv("DSV4_TOKENIZER_DIR"); env && *env) return env;
+  return (std::filesystem::path(DSV4_BIN).parent_path() / "deps" / "tokenizer").string();
+}
+
+struct CommandResult {
+  int status = -1;     // exit status (128 + signal when killed)
+  std::string output;  // what the command wrote to its stdout
+};
+
+// Runs a shell command and captures its stdout (redirect stderr inside `cmd` as needed).
+inline CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
 }
 
 }  // namespace dsv4::testing
