@@ -32,10 +32,11 @@ SequenceState make_sequence_state(const ModelConfig& c) {
   return st;
 }
 
+static size_t comp_bytes(const CompressorState& s) {
+  return (s.cur_a.size() + s.cur_s.size() + s.prev_a.size() + s.prev_s.size()) * sizeof(float);
+}
+
 size_t LayerState::bytes() const {
-  auto comp_bytes = [](const CompressorState& s) {
-    return (s.cur_a.size() + s.cur_s.size() + s.prev_a.size() + s.prev_s.size()) * sizeof(float);
-  };
   return window_kv.size() + entries.size() + index_keys.size() + comp_bytes(comp) + comp_bytes(index_comp);
 }
 
@@ -45,13 +46,12 @@ CacheCost layer_cache_cost(const ModelConfig& c, int64_t ratio) {
   CacheCost cost;
   cost.fixed_bytes = static_cast<size_t>(c.window) * kv.bytes();
   if (ratio > 0) {
-    const int64_t coff = ratio == 4 ? 2 : 1;
     cost.bytes_per_token = static_cast<double>(kv.bytes()) / static_cast<double>(ratio);
-    cost.fixed_bytes += static_cast<size_t>(2 * coff * ratio * c.head_dim * (ratio == 4 ? 2 : 1)) * sizeof(float);
+    cost.fixed_bytes += comp_bytes(make_comp(ratio, c.head_dim));
   }
   if (ratio == 4) {
     cost.bytes_per_token += static_cast<double>(ix.bytes()) / 4.0;
-    cost.fixed_bytes += static_cast<size_t>(2 * 2 * 4 * c.index_dim * 2) * sizeof(float);
+    cost.fixed_bytes += comp_bytes(make_comp(ratio, c.index_dim));
   }
   return cost;
 }

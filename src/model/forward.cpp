@@ -67,9 +67,7 @@ void Model::forward(SequenceState& st, const int32_t* tokens, int64_t T, float* 
   matmul(f32_weight(w_.hc_head.fn.data(), hc, n), X.data(), T, mixes.data());
   for (int64_t t = 0; t < T; ++t) {
     const float* xf = X.data() + t * n;
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(xf[i]) * xf[i];
-    float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + c.eps));
+    const float rs = inv_rms(xf, n, c.eps);
     for (int64_t i = 0; i < hc; ++i) {
       float p = sigmoid(mixes[t * hc + i] * rs * w_.hc_head.scale[0] + w_.hc_head.base[i]) + static_cast<float>(c.hc_eps);
       for (int64_t d = 0; d < D; ++d) y[t * D + d] += p * xf[i * D + d];

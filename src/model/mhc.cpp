@@ -20,9 +20,7 @@ void hc_pre(const ModelConfig& c, const HcMixW& mix, const float* X, int64_t T, 
   thread_pool().parallel_for(T, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const float* xf = X + t * n;
-      double ss = 0;
-      for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(xf[i]) * xf[i];
-      float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + c.eps));
+      const float rs = inv_rms(xf, n, c.eps);
       float* m = mixes.data() + t * M;
       for (int64_t k = 0; k < M; ++k) m[k] *= rs;
       float pre[16];

@@ -45,10 +45,14 @@ QWeight f32_weight(const float* data, int64_t rows, int64_t cols) {
 
 void matmul(const QWeight& w, const float* x, int64_t T, float* y) { matmul(w, 0, w.rows, x, w.cols, T, y, w.rows); }
 
-void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* y) {
+float inv_rms(const float* x, int64_t n, double eps) {
   double ss = 0;
   for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  return static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+}
+
+void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* y) {
+  const float rs = inv_rms(x, n, eps);
   for (int64_t i = 0; i < n; ++i) y[i] = (w ? w[i] : 1.0f) * (x[i] * rs);
 }
 

@@ -26,6 +26,9 @@ struct MatmulCounters {
 };
 MatmulCounters matmul_counters();
 
+// 1 / sqrt(mean(x^2) + eps), the sum of squares in double.
+float inv_rms(const float* x, int64_t n, double eps);
+
 // y = w * x / sqrt(mean(x^2) + eps); w may be null (unweighted). In place allowed.
 void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* y);
 
