@@ -119,6 +119,9 @@ TEST(Cli, BadUsage) {
   EXPECT_EQ(dsv4_run("score --model " + tiny() + "/model --tokens 1,2 --prefill 3 --out " + out).status, 2);
   EXPECT_EQ(dsv4_run("score --model " + tiny() + "/model --tokens 1,2 --bogus 1 --out " + out).status, 2);
   EXPECT_EQ(dsv4_run("frobnicate").status, 2);
+  CliRun load = dsv4_run("score --model " + tiny() + "/model --tokens 1,2 --load fast --out " + out);
+  EXPECT_EQ(load.status, 2);
+  EXPECT_NE(load.err.find("--load"), std::string::npos) << load.err;
   expect_one_line_error(dsv4_run("score --model /nonexistent/dir --tokens 1 --out " + out), {"/nonexistent/dir"});
 }
 
@@ -228,6 +231,7 @@ TEST(Cli, BenchJsonHasEveryField) {
                         "decode_roofline_ratio", "prefill_roofline_ratio", "peak_rss_mb"})
     EXPECT_GT(j.at(k).get<double>(), 0.0) << k;
   EXPECT_EQ(j.at("threads").get<int>(), 2);
+  EXPECT_EQ(j.at("load").get<std::string>(), "read");  // auto reads a small model into memory
   // Every weight of the attention path and the head is read once per decode step, at least.
   EXPECT_GT(j.at("decode_bytes_per_token").get<double>(), 1e6);
 }

@@ -109,6 +109,16 @@ TEST(Invariants, ShardedEqualsSingleFile) {
   std::filesystem::remove_all(out);
 }
 
+// Weights read into memory give bit-identical logits to weights mapped from the files.
+TEST(Invariants, ReadEqualsMmap) {
+  std::string dir = golden_dir("tiny-nvfp4-sharded");
+  std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
+  Model mapped(load_model(dir + "/model", LoadMode::Mmap));
+  Model read(load_model(dir + "/model", LoadMode::Read));
+  EXPECT_EQ(read.weights().store.load_mode(), LoadMode::Read);
+  EXPECT_EQ(score_tokens(mapped, tokens, 40, 0), score_tokens(read, tokens, 40, 0));
+}
+
 // Every kernel variant: golden logits and chunk invariance with each ISA forced.
 TEST(Invariants, EveryIsaPassesGoldenAndChunking) {
   for (Isa isa : {Isa::Scalar, Isa::AVX2, Isa::AVX512}) {

@@ -96,8 +96,10 @@ void expect_error(const std::function<void()>& fn, std::initializer_list<std::st
   ADD_FAILURE() << "expected dsv4::Error, nothing thrown";
 }
 
+// Both ways of loading validate the same way.
 void expect_open_error(const std::string& file, std::initializer_list<std::string> pieces) {
-  expect_error([&] { SafeTensorsFile::open(file); }, pieces);
+  expect_error([&] { SafeTensorsFile::open(file, LoadMode::Mmap); }, pieces);
+  expect_error([&] { SafeTensorsFile::open(file, LoadMode::Read); }, pieces);
 }
 
 struct Sample {
@@ -226,6 +228,32 @@ TEST_F(SafeTensorsTest, RoundTripSingleFile) {
   EXPECT_EQ(store.dir(), dir_.string());
   EXPECT_TRUE(store.has("head.weight"));
   EXPECT_EQ(store.find("nope"), nullptr);
+}
+
+// Reading into memory gives the same tensors as mapping, in memory of our own (not the file's
+// mapping), read-only; auto picks read for a small checkpoint.
+TEST_F(SafeTensorsTest, ReadModeMatchesMmap) {
+  const auto ss = samples();
+  writer_with(ss).write(dir_.string(), 2);
+  TensorStore mapped = TensorStore::open_dir(dir_.string(), LoadMode::Mmap);
+  TensorStore read = TensorStore::open_dir(dir_.string(), LoadMode::Read);
+  EXPECT_EQ(mapped.load_mode(), LoadMode::Mmap);
+  EXPECT_EQ(read.load_mode(), LoadMode::Read);
+  expect_matches(read, ss);
+  for (const auto& name : mapped.names()) {
+    const TensorInfo &a = mapped.get(name), &b = read.get(name);
+    ASSERT_EQ(a.nbytes, b.nbytes) << name;
+    if (a.nbytes > 0) {
+      EXPECT_NE(a.data, b.data) << name;
+    }
+    EXPECT_EQ(std::memcmp(a.data, b.data, a.nbytes), 0) << name;
+  }
+  EXPECT_EQ(TensorStore::open_dir(dir_.string(), LoadMode::Auto).load_mode(), LoadMode::Read);
+}
+
+TEST(SafeTensorsLoadMode, ParseAndName) {
+  for (LoadMode m : {LoadMode::Auto, LoadMode::Mmap, LoadMode::Read}) EXPECT_EQ(parse_load_mode(load_mode_name(m)), m);
+  expect_error([] { parse_load_mode("fast"); }, {"fast", "auto, mmap or read"});
 }
 
 TEST_F(SafeTensorsTest, RoundTripSharded) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/safetensors.h"
 
 namespace dsv4::cli {
 
@@ -76,6 +77,17 @@ class Args {
   std::vector<std::string> stops_;
   mutable std::map<std::string, bool> used_;
 };
+
+// --load auto|mmap|read (default auto).
+inline LoadMode load_mode_option(const Args& a) {
+  try {
+    return parse_load_mode(a.str("load", "auto"));
+  } catch (const Usage&) {
+    throw;
+  } catch (const Error& e) {
+    throw Usage(std::string("--load: ") + e.what());
+  }
+}
 
 // Comma-separated token ids.
 std::vector<int32_t> parse_tokens(const std::string& s);

@@ -43,13 +43,14 @@ int cmd_score(const Args& a) {
   const int64_t prefill = a.integer("prefill", T);
   const int64_t chunk = a.integer("chunk", 0);
   set_threads(static_cast<int>(a.integer("threads", 0)));
+  const LoadMode load = load_mode_option(a);
   a.check_all_used();
   if (T == 0) throw Usage("--tokens is empty");
   if (prefill < 0 || prefill > T) throw Usage("--prefill must be in [0, " + std::to_string(T) + "], got " + std::to_string(prefill));
   if (chunk < 0) throw Usage("--chunk must be >= 1 (or 0 for all), got " + std::to_string(chunk));
 
   auto t0 = std::chrono::steady_clock::now();
-  Model model(load_model(dir));
+  Model model(load_model(dir, load));
   const int64_t V = model.config().vocab;
   for (int64_t i = 0; i < T; ++i)
     if (tokens[i] >= V)
@@ -86,7 +87,7 @@ int cmd_make_tiny(const Args& a) {
 int cmd_inspect(const Args& a) {
   const std::string dir = a.str("model");
   a.check_all_used();
-  ModelWeights w = load_model(dir);
+  ModelWeights w = load_model(dir, LoadMode::Mmap);  // looks at headers only
   const ModelConfig& c = w.cfg;
   std::printf("model:     %s\n", dir.c_str());
   std::printf("format:    %s\n", w.format_summary().c_str());
@@ -132,6 +133,7 @@ int cmd_bench(const Args& a) {
   o.gen = a.integer("gen", 16);
   o.threads = static_cast<int>(a.integer("threads", 0));
   o.json = a.flag("json");
+  o.load = load_mode_option(a);
   a.check_all_used();
   BenchResult r = run_bench(o);
   std::fputs((o.json ? bench_json(r) + "\n" : bench_table(r)).c_str(), stdout);

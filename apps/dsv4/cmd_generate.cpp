@@ -27,7 +27,7 @@ Loaded load_all(const Args& a) {
   if (!std::filesystem::exists(std::filesystem::path(tdir) / "tokenizer.json") && !std::filesystem::is_regular_file(tdir))
     throw Error("no tokenizer.json in " + tdir + " (pass --tokenizer DIR)");
   Tokenizer tok = Tokenizer::load(tdir);
-  Model model(load_model(dir));
+  Model model(load_model(dir, load_mode_option(a)));
   if (tok.vocab_size() > model.config().vocab)
     throw Error("tokenizer " + tdir + " has " + std::to_string(tok.vocab_size()) + " tokens but the model's vocab_size is " +
                 std::to_string(model.config().vocab));

@@ -25,6 +25,9 @@ Commands:
                          fed one at a time as decode steps
       --chunk C          prefill chunk size (default: all of the prefill in one chunk)
       --threads N        worker threads (default: all cores)
+      --load M           auto | mmap | read: map the checkpoint files, or read them into
+                         memory (faster decode, costs a copy at start); auto reads when the
+                         weights take at most half of the available memory (default auto)
       --out F.npy        output: float32 NumPy array [T, vocab]
 
   make-tiny   Write a random checkpoint at small dimensions that exercises every layer kind
@@ -55,6 +58,7 @@ Commands:
       --tokenizer DIR    tokenizer.json location (default: the model directory)
       --context N        context limit in tokens (default: the model's max positions)
       --chunk C, --threads N   prefill chunk size, worker threads
+      --load M           auto | mmap | read (see score)
       A timing summary (prompt tokens, prefill and decode tok/s) goes to stderr.
 
   chat        Interactive multi-turn chat on stdin/stdout through the chat encoding.
@@ -86,9 +90,10 @@ Commands:
       --prompt-len N     prefill length (default 512)
       --gen N            decode steps (default 16)
       --threads N        worker threads (default: all cores)
+      --load M           auto | mmap | read (see score)
       --json             one JSON object: prefill_tok_s, decode_tok_s, decode_bytes_per_token,
                          mem_bw_gb_s, peak_gflop_s, decode_roofline_ratio,
-                         prefill_roofline_ratio, peak_rss_mb, threads, ...
+                         prefill_roofline_ratio, peak_rss_mb, threads, load, ...
 
   help, --help, -h       this text
 

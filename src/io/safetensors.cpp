@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -367,7 +368,53 @@ std::string TensorInfo::shape_str() const { return shape_string(shape); }
 
 // ---- SafeTensorsFile --------------------------------------------------------------------
 
-std::unique_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::string& path) {
+const char* load_mode_name(LoadMode m) {
+  switch (m) {
+    case LoadMode::Auto: return "auto";
+    case LoadMode::Mmap: return "mmap";
+    case LoadMode::Read: return "read";
+  }
+  return "?";
+}
+
+LoadMode parse_load_mode(const std::string& s) {
+  if (s == "auto") return LoadMode::Auto;
+  if (s == "mmap") return LoadMode::Mmap;
+  if (s == "read") return LoadMode::Read;
+  throw Error("unknown load mode '" + s + "' (expected auto, mmap or read)");
+}
+
+// MemAvailable from /proc/meminfo in bytes; 0 if unknown.
+static uint64_t mem_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+// Reads the whole file into fresh anonymous memory (huge pages advised), then makes it read-only.
+static void* read_into_memory(const std::string& path, int fd, size_t size) {
+  void* mem = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) fail(path, "cannot allocate " + std::to_string(size) + " bytes: " + std::strerror(errno));
+  ::madvise(mem, size, MADV_HUGEPAGE);  // advice only: fine if THP is off
+  for (size_t off = 0; off < size;) {
+    const ssize_t k = ::pread(fd, static_cast<char*>(mem) + off, std::min<size_t>(size - off, size_t{1} << 26),
+                              static_cast<off_t>(off));
+    if (k <= 0) {
+      const std::string why = k == 0 ? "unexpected end of file" : std::strerror(errno);
+      ::munmap(mem, size);
+      fail(path, "read failed at byte " + std::to_string(off) + ": " + why);
+    }
+    off += static_cast<size_t>(k);
+  }
+  ::mprotect(mem, size, PROT_READ);
+  return mem;
+}
+
+std::unique_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::string& path, LoadMode mode) {
   std::unique_ptr<SafeTensorsFile> f(new SafeTensorsFile());
   f->path_ = path;
 
@@ -380,8 +427,13 @@ std::unique_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::string& path) 
   // Checked before mapping, which also keeps us from ever asking mmap for 0 bytes.
   if (size < 8) fail(path, "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
 
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.fd, 0);
-  if (map == MAP_FAILED) fail(path, std::string("mmap failed: ") + std::strerror(errno));
+  void* map = nullptr;
+  if (mode == LoadMode::Read) {
+    map = read_into_memory(path, fd.fd, size);
+  } else {
+    map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.fd, 0);
+    if (map == MAP_FAILED) fail(path, std::string("mmap failed: ") + std::strerror(errno));
+  }
   // From here the destructor unmaps, also when validation below throws.
   f->map_ = map;
   f->size_ = size;
@@ -395,7 +447,7 @@ SafeTensorsFile::~SafeTensorsFile() {
 
 // ---- TensorStore ------------------------------------------------------------------------
 
-TensorStore TensorStore::open_dir(const std::string& dir) {
+TensorStore TensorStore::open_dir(const std::string& dir, LoadMode mode) {
   TensorStore store;
   store.dir_ = dir;
   std::error_code ec;
@@ -419,9 +471,20 @@ TensorStore TensorStore::open_dir(const std::string& dir) {
     if (shards.empty()) throw Error(one_line("no .safetensors files in " + dir));
   }
 
+  uint64_t total = 0;
+  for (const auto& shard : shards) total += fs::file_size(fs::path(dir) / shard, ec);
+  if (mode == LoadMode::Auto) {
+    const uint64_t avail = mem_available_bytes();
+    mode = avail > 0 && total <= avail / 2 ? LoadMode::Read : LoadMode::Mmap;
+  }
+  store.mode_ = mode;
+  const bool report = mode == LoadMode::Read && total > (uint64_t{1} << 30);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (report) std::fprintf(stderr, "dsv4: reading %.1f GB of weights into memory...\n", static_cast<double>(total) / 1e9);
+
   std::map<std::string, const SafeTensorsFile*> by_shard;
   for (const auto& shard : shards) {
-    store.files_.push_back(SafeTensorsFile::open((fs::path(dir) / shard).string()));
+    store.files_.push_back(SafeTensorsFile::open((fs::path(dir) / shard).string(), mode));
     const SafeTensorsFile& f = *store.files_.back();
     by_shard[shard] = &f;
     for (const auto& [name, info] : f.tensors()) {
@@ -436,6 +499,10 @@ TensorStore TensorStore::open_dir(const std::string& dir) {
     if (!f->tensors().count(name))
       fail(index_path.string(), "tensor " + name + " is mapped to shard " + shard + " but " + f->path() +
                                     " does not contain it");
+  }
+  if (report) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "dsv4: read in %.1f s (%.1f GB/s)\n", s, static_cast<double>(total) / 1e9 / s);
   }
   return store;
 }

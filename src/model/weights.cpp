@@ -243,13 +243,13 @@ std::string ModelWeights::format_summary() const {
   return s;
 }
 
-ModelWeights load_model(const std::string& dir) {
+ModelWeights load_model(const std::string& dir, LoadMode mode) {
   ModelWeights m;
   m.dir = dir;
   const std::string cfg_path = (std::filesystem::path(dir) / "config.json").string();
   if (!std::filesystem::exists(cfg_path)) throw Error(dir + ": no config.json (is this a model directory?)");
   m.cfg = load_config(cfg_path);
-  m.store = TensorStore::open_dir(dir);
+  m.store = TensorStore::open_dir(dir, mode);
   m.layout = m.store.has("model.embed_tokens.weight") ? Layout::HF : Layout::Native;
   const ModelConfig& c = m.cfg;
   Binder b(m.store, m.layout);

@@ -83,6 +83,7 @@ struct ModelWeights {
 
 // Loads config.json and binds every tensor; throws dsv4::Error naming the missing tensor or
 // the one whose dtype/shape disagrees with the config.
-ModelWeights load_model(const std::string& dir);
+// Binds a model directory; `mode` says how the checkpoint bytes get into memory (see LoadMode).
+ModelWeights load_model(const std::string& dir, LoadMode mode = LoadMode::Auto);
 
 }  // namespace dsv4

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "io/safetensors.h"
+
 namespace dsv4 {
 
 struct BenchOptions {
@@ -12,6 +14,7 @@ struct BenchOptions {
   int64_t gen = 16;
   int threads = 0;
   bool json = false;
+  LoadMode load = LoadMode::Auto;
 };
 
 struct BenchResult {
@@ -24,6 +27,7 @@ struct BenchResult {
   double decode_roofline_ratio = 0, prefill_roofline_ratio = 0;
   double peak_rss_mb = 0, mapped_weights_mb = 0;
   std::string isa;
+  std::string load;  // how the weights were loaded: mmap | read
 };
 
 BenchResult run_bench(const BenchOptions& o);
