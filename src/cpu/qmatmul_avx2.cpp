@@ -35,6 +35,28 @@ struct V {
   TGTI static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
   TGTI static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
   TGTI static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  TGTI static reg bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  // In-register 8 x 8 transpose: r[i] lane j -> r[j] lane i. Stages 1-2 as in the AVX-512 file
+  // (then 128-bit lane q of b[4i+m] holds column 4q+m of rows 4i..4i+3); stage 3 swaps lanes.
+  TGTI static void transpose(reg (&r)[8]) {
+    __m256 a[8], b[8];
+    for (int i = 0; i < 4; ++i) {
+      a[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      a[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      const __m256d a0 = _mm256_castps_pd(a[4 * i]), a1 = _mm256_castps_pd(a[4 * i + 1]);
+      const __m256d a2 = _mm256_castps_pd(a[4 * i + 2]), a3 = _mm256_castps_pd(a[4 * i + 3]);
+      b[4 * i] = _mm256_castpd_ps(_mm256_unpacklo_pd(a0, a2));
+      b[4 * i + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a0, a2));
+      b[4 * i + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(a1, a3));
+      b[4 * i + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(a1, a3));
+    }
+    for (int m = 0; m < 4; ++m) {
+      r[m] = _mm256_permute2f128_ps(b[m], b[4 + m], 0x20);
+      r[4 + m] = _mm256_permute2f128_ps(b[m], b[4 + m], 0x31);
+    }
+  }
   // Pins v in a register: the compiler can no longer re-read it from memory at each use.
   TGTI static void keep(reg& v) { asm("" : "+x"(v)); }
   // The canonical reduction tree: lanes l + l+4, then l + l+2, l + l+1.
@@ -231,12 +253,10 @@ struct FusedShapes {
   using SN = Shape<1, 4>;
 };
 
-// GEMM register tile: MR rows x NR tokens (accumulators, or for FP4 the group's partial sums),
-// plus MR + 1 operand registers: all 16.
-template <class D>
+// GEMM path: register tile of 2 x 8 rows x 6 tokens (12 accumulators, 2 weight vectors and a
+// broadcast: 15 of the 16 registers), panels of 32 rows.
 struct GemmShape {
-  static constexpr int MR = 3;
-  static constexpr int NR = 4;
+  static constexpr int MRV = 2, NR = 6, MB = 32;
 };
 
 #include "cpu/qmatmul_kernels.inc"

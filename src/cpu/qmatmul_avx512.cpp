@@ -32,6 +32,33 @@ struct V {
   TGTI static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
   TGTI static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
   TGTI static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  TGTI static reg bcast(const float* p) { return _mm512_set1_ps(*p); }
+  // In-register 16 x 16 transpose: r[i] lane j -> r[j] lane i. Stage 1 interleaves pairs of rows
+  // (32-bit), stage 2 pairs of pairs (64-bit): then 128-bit lane q of b[4i+m] holds column 4q+m
+  // of rows 4i..4i+3, and stage 3 transposes those 4 x 4 blocks of 128-bit lanes.
+  TGTI static void transpose(reg (&r)[16]) {
+    __m512 a[16], b[16];
+    for (int i = 0; i < 8; ++i) {
+      a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+      const __m512d a0 = _mm512_castps_pd(a[4 * i]), a1 = _mm512_castps_pd(a[4 * i + 1]);
+      const __m512d a2 = _mm512_castps_pd(a[4 * i + 2]), a3 = _mm512_castps_pd(a[4 * i + 3]);
+      b[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+      b[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+      b[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+      b[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+    }
+    for (int m = 0; m < 4; ++m) {
+      const __m512 d0 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0x44), d1 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0xEE);
+      const __m512 d2 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0x44), d3 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0xEE);
+      r[m] = _mm512_shuffle_f32x4(d0, d2, 0x88);
+      r[4 + m] = _mm512_shuffle_f32x4(d0, d2, 0xDD);
+      r[8 + m] = _mm512_shuffle_f32x4(d1, d3, 0x88);
+      r[12 + m] = _mm512_shuffle_f32x4(d1, d3, 0xDD);
+    }
+  }
   // Pins v in a register: the compiler can no longer re-read it from memory at each use.
   TGTI static void keep(reg& v) { asm("" : "+v"(v)); }
   // The canonical reduction tree (part of the summation order: every path calls this):
@@ -221,7 +248,7 @@ struct DecNV : DecBase {
 
 // Fused path shapes: rows R and token tile TTM for T = 1, 2, 3-4, more. T=1 takes 8 rows per tile
 // (8 weight streams in flight, each x load shared by 8 rows); larger T fewer rows, so that R*TTM
-// accumulators (and for FP4 as many partial sums) fit the 32 registers.
+// accumulators fit the 32 registers.
 template <int R_, int TTM_>
 struct Shape {
   static constexpr int R = R_, TTM = TTM_;
@@ -231,15 +258,13 @@ struct FusedShapes {
   using S1 = Shape<8, 1>;
   using S2 = Shape<4, 2>;
   using S4 = Shape<2, 4>;
-  using SN = Shape<2, D::kRowScales ? 4 : 8>;  // FP4: partial sums as well
+  using SN = Shape<2, D::kRowScales ? 4 : 8>;  // FP4: per-row scale vectors as well
 };
 
-// GEMM register tile: MR rows x NR tokens (accumulators, or for FP4 the group's partial sums),
-// plus MR + 1 operand registers.
-template <class D>
+// GEMM path: register tile of 2 x 16 rows x 12 tokens (24 accumulators, 2 weight vectors and a
+// broadcast), panels of 64 rows (1 MiB at 4096 columns: L2-resident).
 struct GemmShape {
-  static constexpr int MR = 4;
-  static constexpr int NR = 6;
+  static constexpr int MRV = 2, NR = 12, MB = 64;
 };
 
 #include "cpu/qmatmul_kernels.inc"
