@@ -36,6 +36,10 @@ struct V {
   TGTI static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
   TGTI static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
   TGTI static reg bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  TGTI static void store_first(float* p, reg v, int n) {
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    _mm256_maskstore_ps(p, m, v);
+  }
   // In-register 8 x 8 transpose: r[i] lane j -> r[j] lane i. Stages 1-2 as in the AVX-512 file
   // (then 128-bit lane q of b[4i+m] holds column 4q+m of rows 4i..4i+3); stage 3 swaps lanes.
   TGTI static void transpose(reg (&r)[8]) {

@@ -33,6 +33,7 @@ struct V {
   TGTI static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
   TGTI static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   TGTI static reg bcast(const float* p) { return _mm512_set1_ps(*p); }
+  TGTI static void store_first(float* p, reg v, int n) { _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1u), v); }
   // In-register 16 x 16 transpose: r[i] lane j -> r[j] lane i. Stage 1 interleaves pairs of rows
   // (32-bit), stage 2 pairs of pairs (64-bit): then 128-bit lane q of b[4i+m] holds column 4q+m
   // of rows 4i..4i+3, and stage 3 transposes those 4 x 4 blocks of 128-bit lanes.
