@@ -16,6 +16,7 @@ static inline void cpu_relax() {}
 // How long an idle worker spins before sleeping: long enough to bridge the gaps between the
 // jobs of one forward step, short enough not to burn a core between requests.
 static constexpr auto kSpin = std::chrono::microseconds(2000);
+static constexpr int kPureSpin = 2000;  // pauses before spinning starts to yield
 
 ThreadPool::ThreadPool(int threads) {
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
@@ -43,12 +44,15 @@ static void run_chunks(const std::function<void(int64_t, int64_t)>& fn, int64_t 
 void ThreadPool::worker(int id) {
   uint64_t seen = 0;
   for (;;) {
-    // Spin (reading only) for kSpin, checking the clock every 256 pauses, then sleep.
+    // Spin (reading only) for kSpin, checking the clock every 256 pauses, then sleep. Past the
+    // first kPureSpin pauses each round also yields, so that on a machine shared with other
+    // work the spinning does not keep those processes (or our own threads) off the core.
     uint64_t g = generation_.load(std::memory_order_acquire);
     if (g == seen) {
       auto t0 = std::chrono::steady_clock::now();
       for (int k = 1; (g = generation_.load(std::memory_order_acquire)) == seen && !stop_.load(); ++k) {
         cpu_relax();
+        if (k > kPureSpin) std::this_thread::yield();
         if ((k & 255) == 0 && std::chrono::steady_clock::now() - t0 > kSpin) break;
       }
       if (g == seen && !stop_.load()) {
@@ -93,7 +97,10 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   } else {
     run_range(fn, n, 0, size());
   }
-  while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+  for (int k = 1; pending_.load(std::memory_order_acquire) != 0; ++k) {
+    cpu_relax();
+    if (k > kPureSpin) std::this_thread::yield();  // a worker may be waiting for this core
+  }
 }
 
 int default_threads() {

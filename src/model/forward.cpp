@@ -21,6 +21,15 @@ using Buf = std::vector<float>;
 
 Buf zeros(int64_t n) { return Buf(static_cast<size_t>(n), 0.0f); }
 
+// fn(t) for t in [0, n) over the pool: for per-token work whose results do not depend on how
+// the tokens are split.
+template <class Fn>
+void for_each_token(int64_t n, Fn&& fn) {
+  thread_pool().parallel_for(n, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) fn(t);
+  });
+}
+
 // Appends n vectors (floats, back to back) to a byte cache in the codec's compact form.
 template <class Codec>
 void append_encoded(const Codec& codec, const std::vector<float>& v, int64_t n, std::vector<uint8_t>& cache) {
@@ -61,23 +70,23 @@ void Model::forward(SequenceState& st, const int32_t* tokens, int64_t T, float* 
   st.pos += T;
   if (!logits) return;
 
-  // hc_head: collapse the hc copies with sigmoid weights, then final norm and the head.
-  Buf y = zeros(T * D), mixes = zeros(T * hc);
+  // hc_head: collapse the hc copies with sigmoid weights, then final norm and the head; only
+  // for the tokens whose logits are wanted.
+  const int64_t t0 = which == Logits::Last ? T - 1 : 0, nt = T - t0;
+  Buf y = zeros(nt * D), mixes = zeros(nt * hc);
   const int64_t n = hc * D;
-  matmul(f32_weight(w_.hc_head.fn.data(), hc, n), X.data(), T, mixes.data());
-  for (int64_t t = 0; t < T; ++t) {
-    const float* xf = X.data() + t * n;
+  const float* Xo = X.data() + t0 * n;
+  matmul(f32_weight(w_.hc_head.fn.data(), hc, n), Xo, nt, mixes.data());
+  for_each_token(nt, [&](int64_t t) {
+    const float* xf = Xo + t * n;
     const float rs = inv_rms(xf, n, c.eps);
     for (int64_t i = 0; i < hc; ++i) {
       float p = sigmoid(mixes[t * hc + i] * rs * w_.hc_head.scale[0] + w_.hc_head.base[i]) + static_cast<float>(c.hc_eps);
       for (int64_t d = 0; d < D; ++d) y[t * D + d] += p * xf[i * D + d];
     }
     rmsnorm(y.data() + t * D, w_.norm.data(), D, c.eps, y.data() + t * D);
-  }
-  if (which == Logits::Last)
-    matmul(w_.head, y.data() + (T - 1) * D, 1, logits);
-  else
-    matmul(w_.head, y.data(), T, logits);
+  });
+  matmul(w_.head, y.data(), nt, logits);
 }
 
 void Model::block(int64_t l, const LayerW& L, LayerState& ls, float* X, const int32_t* tokens, int64_t T, int64_t p0) const {
@@ -86,12 +95,12 @@ void Model::block(int64_t l, const LayerW& L, LayerState& ls, float* X, const in
   Buf x = zeros(T * D), post = zeros(T * hc), comb = zeros(T * hc * hc), f = zeros(T * D);
 
   hc_pre(c, L.hc_attn, X, T, x.data(), post.data(), comb.data());
-  for (int64_t t = 0; t < T; ++t) rmsnorm(x.data() + t * D, L.attn_norm.data(), D, c.eps, x.data() + t * D);
+  for_each_token(T, [&](int64_t t) { rmsnorm(x.data() + t * D, L.attn_norm.data(), D, c.eps, x.data() + t * D); });
   attention(L, rope_[l], ls, x.data(), T, p0, f.data());
   hc_post(c, f.data(), post.data(), comb.data(), X, T);
 
   hc_pre(c, L.hc_ffn, X, T, x.data(), post.data(), comb.data());
-  for (int64_t t = 0; t < T; ++t) rmsnorm(x.data() + t * D, L.ffn_norm.data(), D, c.eps, x.data() + t * D);
+  for_each_token(T, [&](int64_t t) { rmsnorm(x.data() + t * D, L.ffn_norm.data(), D, c.eps, x.data() + t * D); });
   std::fill(f.begin(), f.end(), 0.0f);
   moe(L, x.data(), tokens, T, f.data());
   hc_post(c, f.data(), post.data(), comb.data(), X, T);
@@ -106,24 +115,25 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
   // Queries: low-rank path, unweighted per-head norm, RoPE.
   Buf qr = zeros(T * Qr), q = zeros(T * H * d), kv = zeros(T * d);
   matmul(A.wq_a, x, T, qr.data());
-  for (int64_t t = 0; t < T; ++t) rmsnorm(qr.data() + t * Qr, A.q_norm.data(), Qr, eps, qr.data() + t * Qr);
+  for_each_token(T, [&](int64_t t) { rmsnorm(qr.data() + t * Qr, A.q_norm.data(), Qr, eps, qr.data() + t * Qr); });
   matmul(A.wq_b, qr.data(), T, q.data());
-  std::vector<RopeTable::At> rot;  // per token of the chunk, shared by every head and vector
-  for (int64_t t = 0; t < T; ++t) rot.push_back(rope.at(p0 + t));
-  for (int64_t t = 0; t < T; ++t)
+  std::vector<RopeTable::At> rot(static_cast<size_t>(T));  // per token of the chunk, shared by every head and vector
+  for_each_token(T, [&](int64_t t) {
+    rot[t] = rope.at(p0 + t);
     for (int64_t h = 0; h < H; ++h) {
       float* qh = q.data() + (t * H + h) * d;
       rmsnorm(qh, nullptr, d, eps, qh);
       rot[t].apply(qh, d);
     }
+  });
   // The single KV head: norm, RoPE, FP8 simulation of the non-rope part.
   matmul(A.wkv, x, T, kv.data());
-  for (int64_t t = 0; t < T; ++t) {
+  for_each_token(T, [&](int64_t t) {
     float* k = kv.data() + t * d;
     rmsnorm(k, A.kv_norm.data(), d, eps, k);
     rot[t].apply(k, d);
     fp8sim(k, static_cast<size_t>(d - r), 64);
-  }
+  });
 
   // Compressed entries for blocks closing in this chunk (visible to later queries of the chunk).
   const int64_t ratio = L.ratio;
@@ -148,13 +158,14 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
     qi = zeros(T * HI * dI);
     wi = zeros(T * HI);
     matmul(ix.wq_b, qr.data(), T, qi.data());
-    for (int64_t t = 0; t < T; ++t)
+    for_each_token(T, [&](int64_t t) {
       for (int64_t h = 0; h < HI; ++h) {
         float* v = qi.data() + (t * HI + h) * dI;
         rot[t].apply(v, dI);
         hadamard(v, dI);
         fp4sim(v, static_cast<size_t>(dI), 32);
       }
+    });
     matmul(ix.weights_proj, x, T, wi.data());
     const float ws = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dI)) / std::sqrt(static_cast<double>(HI)));
     for (float& v : wi) v *= ws;
@@ -202,8 +213,10 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
     }
     float* ot = o.data() + t * H * d;
     attend_heads(q.data() + t * H * d, H, keys.data(), n, d, A.sink.data(), scale, ot);
-    for (int64_t h = 0; h < H; ++h) rot[t].apply(ot + h * d, d, /*inverse=*/true);
   }
+  for_each_token(T, [&](int64_t t) {
+    for (int64_t h = 0; h < H; ++h) rot[t].apply(o.data() + (t * H + h) * d, d, /*inverse=*/true);
+  });
 
   // The window ring keeps the last W positions for later chunks.
   for (int64_t t = std::max<int64_t>(0, T - W); t < T; ++t) ls.kv.encode(kv.data() + t * d, ls.window_kv.data() + ((p0 + t) % W) * kvb);
@@ -237,13 +250,15 @@ void Model::moe(const LayerW& L, const float* x, const int32_t* tokens, int64_t 
     const int64_t n = static_cast<int64_t>(toks.size());
     if (n == 0) return;
     Buf xs = zeros(n * D), g = zeros(n * I), u = zeros(n * I), y = zeros(n * D);
-    for (int64_t i = 0; i < n; ++i) std::copy(x + toks[i].first * D, x + (toks[i].first + 1) * D, xs.begin() + i * D);
+    for_each_token(n, [&](int64_t i) { std::copy(x + toks[i].first * D, x + (toks[i].first + 1) * D, xs.begin() + i * D); });
     matmul(ew.w1, xs.data(), n, g.data());
     matmul(ew.w3, xs.data(), n, u.data());
-    for (int64_t i = 0; i < n; ++i) swiglu_clamped(g.data() + i * I, u.data() + i * I, I, lim, toks[i].second);
+    for_each_token(n, [&](int64_t i) { swiglu_clamped(g.data() + i * I, u.data() + i * I, I, lim, toks[i].second); });
     matmul(ew.w2, g.data(), n, y.data());
-    for (int64_t i = 0; i < n; ++i)
+    // An expert serves each token at most once: rows of out are distinct.
+    for_each_token(n, [&](int64_t i) {
       for (int64_t dd = 0; dd < D; ++dd) out[toks[i].first * D + dd] += y[i * D + dd];
+    });
   };
   for (int64_t e = 0; e < E; ++e) run_expert(F.experts[e], routed[e]);
   std::vector<std::pair<int64_t, float>> all;
