@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/threads.h"
 #include "cpu/gemm_nn.h"
 #include "cpu/qmatmul.h"
 #include "model/ops.h"
@@ -17,15 +18,17 @@ void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t 
   // Scores S[h, j] = q_h . K_j: the keys act as an F32 weight [n, d], the heads as tokens.
   std::vector<float> p(static_cast<size_t>(H * n));
   qmatmul(f32_weight(K, n, d), 0, n, Q, d, H, p.data(), n);
-  for (int64_t h = 0; h < H; ++h) {
-    float* s = p.data() + h * n;
-    float mx = sink[h];
-    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j] *= scale);
-    float den = std::exp(sink[h] - mx);  // the sink only adds to the denominator
-    for (int64_t j = 0; j < n; ++j) den += (s[j] = std::exp(s[j] - mx));
-    const float inv = 1.0f / den;
-    for (int64_t j = 0; j < n; ++j) s[j] *= inv;
-  }
+  thread_pool().parallel_for(H, [&](int64_t hb, int64_t he) {
+    for (int64_t h = hb; h < he; ++h) {
+      float* s = p.data() + h * n;
+      float mx = sink[h];
+      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j] *= scale);
+      float den = std::exp(sink[h] - mx);  // the sink only adds to the denominator
+      for (int64_t j = 0; j < n; ++j) den += (s[j] = std::exp(s[j] - mx));
+      const float inv = 1.0f / den;
+      for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+    }
+  });
   gemm_nn(p.data(), n, K, d, out, d, H, d, n);
 }
 
