@@ -18,6 +18,7 @@ void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t 
   // Scores S[h, j] = q_h . K_j: the keys act as an F32 weight [n, d], the heads as tokens.
   std::vector<float> p(static_cast<size_t>(H * n));
   qmatmul(f32_weight(K, n, d), 0, n, Q, d, H, p.data(), n);
+  count_matmul_flops(static_cast<uint64_t>(4 * H * n * d));  // scores and the weighted sum
   thread_pool().parallel_for(H, [&](int64_t hb, int64_t he) {
     for (int64_t h = hb; h < he; ++h) {
       float* s = p.data() + h * n;
@@ -37,6 +38,7 @@ std::vector<int32_t> indexer_topk(const float* q, const float* w, const float* k
   if (n == 0) return {};
   std::vector<float> dots(static_cast<size_t>(heads * n));  // the keys as a weight, heads as tokens
   qmatmul(f32_weight(keys, n, dim), 0, n, q, dim, heads, dots.data(), n);
+  count_matmul_flops(static_cast<uint64_t>(2 * heads * n * dim));
   std::vector<float> score(static_cast<size_t>(n), 0.0f);
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t b = 0; b < n; ++b) score[b] += w[h] * std::max(0.0f, dots[h * n + b]);

@@ -28,6 +28,8 @@ std::atomic<uint64_t> g_weight_bytes{0}, g_flops{0};
 
 MatmulCounters matmul_counters() { return {g_weight_bytes.load(), g_flops.load()}; }
 
+void count_matmul_flops(uint64_t flops) { g_flops += flops; }
+
 void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy) {
   g_weight_bytes += static_cast<uint64_t>(static_cast<double>(w.stored_bytes()) * static_cast<double>(r1 - r0) / static_cast<double>(w.rows));
   g_flops += static_cast<uint64_t>(2 * (r1 - r0) * w.cols * T);

@@ -20,11 +20,14 @@ QWeight f32_weight(const float* data, int64_t rows, int64_t cols);
 float dot(const float* a, const float* b, int64_t n);
 
 // Totals over every matmul call so far (for benchmarks): weight bytes read in their stored form
-// and multiply-add FLOPs (2 per weight per token).
+// and multiply-add FLOPs (2 per weight per token, plus attention's products: count_matmul_flops).
 struct MatmulCounters {
   uint64_t weight_bytes = 0, flops = 0;
 };
 MatmulCounters matmul_counters();
+// Adds the FLOPs of a matrix product that does not go through matmul (attention's products over
+// cached keys: they are real multiply-adds of the forward, but read no weights).
+void count_matmul_flops(uint64_t flops);
 
 // 1 / sqrt(mean(x^2) + eps), the sum of squares in double.
 float inv_rms(const float* x, int64_t n, double eps);
