@@ -151,6 +151,15 @@ float e8m0_to_f32(uint8_t b) {
 
 // ---------------------------------------------------------------- E2M1
 
+const float* e4m3_table() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) t[b] = e4m3_to_f32(static_cast<uint8_t>(b));
+    return t;
+  }();
+  return table.data();
+}
+
 float e2m1_to_f32(uint8_t code) {
   static constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   const float mag = kMag[code & 7u];
@@ -206,16 +215,6 @@ float block_amax(const float* x, size_t block) {
   float amax = 0.0f;
   for (size_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(x[i]));
   return amax;
-}
-
-// Decoding through a table keeps the per-element cost to a lookup.
-const float* e4m3_table() {
-  static const auto table = [] {
-    std::array<float, 256> t{};
-    for (int b = 0; b < 256; ++b) t[b] = e4m3_to_f32(static_cast<uint8_t>(b));
-    return t;
-  }();
-  return table.data();
 }
 
 }  // namespace

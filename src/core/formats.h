@@ -16,6 +16,8 @@ uint16_t f32_to_f16(float f);  // overflow -> inf, subnormals handled
 // max finite 448. The encoder rounds to nearest even and saturates finite values beyond 448
 // to +-448; NaN -> 0x7F.
 float e4m3_to_f32(uint8_t b);
+// e4m3_to_f32 of every byte, for decoding many values by lookup (e4m3_to_f32 takes an ldexp).
+const float* e4m3_table();
 uint8_t f32_to_e4m3(float f);
 
 // E8M0: value 2^(b-127); 0xFF is NaN.
