@@ -105,7 +105,7 @@ void run_scalar(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_
 
 // Default fused/GEMM crossover in T, per ISA (measured with qmatmul_bench's T sweep: the fused
 // kernel's rate is flat from T~8 while the GEMM path keeps rising; AVX2 crosses earlier).
-constexpr int kDefaultFusedMaxT512 = 16;
+constexpr int kDefaultFusedMaxT512 = 24;
 constexpr int kDefaultFusedMaxT256 = 8;
 constexpr int kAuto = -1;
 std::atomic<int> g_override{-1};
