@@ -43,8 +43,9 @@ void set_isa_override(Isa isa);
 void clear_isa_override();
 
 // Largest T handled by the fused kernel (default 24 with AVX-512, the crossover in qmatmul_bench's
-// T sweep; 8 with AVX2); larger T goes to the panel GEMM path. Exposed so tests can exercise both paths at every T and benchmarks can
-// find the crossover: 0 sends every T to the GEMM path, a negative value restores the default.
+// T sweep; 8 with AVX2); larger T goes to the panel GEMM path. Exposed so tests can exercise
+// both paths at every T and benchmarks can find the crossover: 0 sends every T to the GEMM path,
+// a negative value restores the default.
 void set_qmatmul_fused_max_tokens(int t);
 int qmatmul_fused_max_tokens();
 
