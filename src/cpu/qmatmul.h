@@ -6,14 +6,14 @@
 // rows split over the persistent pool. Weights are decoded in registers from their stored bytes
 // (F32, BF16, F16, FP8Block, MXFP4, NVFP4); each weight byte is read from memory once per call.
 // T <= qmatmul_fused_max_tokens() runs a fused decode+dot kernel (rows x token tiles, software
-// prefetch); larger T decodes row sub-blocks into an L1-resident float panel and runs a
-// register-blocked GEMM microkernel over token tiles.
+// prefetch); larger T decodes 64-row panels, transposed so rows run along vector lanes, into an
+// L2-resident buffer and runs a broadcast GEMM microkernel per lane-chain over token tiles.
 //
 // Batch invariance: for a fixed ISA, each output y(r, t) is bit-identical whatever T, the
 // token's position in the batch, [r0, r1), ldx/ldy, the thread count and the path (fused or
 // GEMM): every path accumulates it in one canonical order (qmatmul_kernels.inc spells it out:
-// W-lane vector accumulators over the columns in a fixed decoded order, FP8 block scales
-// applied to x, FP4 scales to per-group partial sums, one fixed horizontal-reduction tree).
+// W lane-chains over the columns in a fixed decoded order, each an fma chain of decoded-and-
+// scaled weights times x, added by one fixed reduction tree).
 // The scalar ISA has its own order (dequant_row, then four interleaved sums per token), also
 // independent of the batch. Different ISAs agree only to rounding.
 //
