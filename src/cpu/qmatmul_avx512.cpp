@@ -200,6 +200,7 @@ struct DecMX : DecBase {
     }
   }
   TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
+  TGTI static void from_bits(__m512 r, St& st) { st.v = _mm512_castps_si512(r); }
   TGTI static __m512 vec(const St& st, int k) {
     const __m512 t = _mm512_setr_ps(0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.5f, 2.0f, 3.0f, -0.0f, -0.25f, -0.5f, -0.75f,
                                     -1.0f, -1.5f, -2.0f, -3.0f);
@@ -236,6 +237,7 @@ struct DecNV : DecBase {
     }
   }
   TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
+  TGTI static void from_bits(__m512 r, St& st) { st.v = _mm512_castps_si512(r); }
   TGTI static __m512 vec(const St& st, int k) {
     const __m512 t = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f,
                                     -3.0f, -4.0f, -6.0f);
