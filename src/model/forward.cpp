@@ -21,6 +21,9 @@ using Buf = std::vector<float>;
 
 Buf zeros(int64_t n) { return Buf(static_cast<size_t>(n), 0.0f); }
 
+// Decoded CSA entries held at once for a chunk (floats): 64 MiB.
+constexpr int64_t kMaxDecodedEntryFloats = int64_t{16} << 20;
+
 // fn(t) for t in [0, n) over the pool: for per-token work whose results do not depend on how
 // the tokens are split.
 template <class Fn>
@@ -177,14 +180,17 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
   const int64_t ring_n = std::min(W, p0);
   Buf ring = zeros(W * d);
   for (int64_t j = p0 - ring_n; j < p0; ++j) ls.kv.decode(ls.window_kv.data() + (j % W) * kvb, ring.data() + (j % W) * d);
+  // CSA entries too when a chunk has many queries (each reads up to top-k of them) and they are
+  // few enough to hold decoded; else each query decodes the ones it selected.
   Buf ent, ikeys;
-  if (ratio > 0 && ratio != 4) {
+  const bool all_entries = ratio > 0 && (ratio != 4 || (T > 1 && ls.n_entries * d <= kMaxDecodedEntryFloats));
+  if (all_entries) {
     ent = zeros(ls.n_entries * d);
-    for (int64_t bb = 0; bb < ls.n_entries; ++bb) ls.kv.decode(ls.entries.data() + bb * kvb, ent.data() + bb * d);
+    for_each_token(ls.n_entries, [&](int64_t bb) { ls.kv.decode(ls.entries.data() + bb * kvb, ent.data() + bb * d); });
   }
   if (ratio == 4) {
     ikeys = zeros(ls.n_entries * dI);
-    for (int64_t bb = 0; bb < ls.n_entries; ++bb) ls.index.decode(ls.index_keys.data() + bb * ls.index.bytes(), ikeys.data() + bb * dI);
+    for_each_token(ls.n_entries, [&](int64_t bb) { ls.index.decode(ls.index_keys.data() + bb * ls.index.bytes(), ikeys.data() + bb * dI); });
   }
 
   Buf o = zeros(T * H * d);
@@ -207,7 +213,14 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
       std::copy(src, src + d, kp);
     }
     if (ratio == 4) {
-      for (int32_t bb : top) ls.kv.decode(ls.entries.data() + bb * kvb, kp), kp += d;
+      for (int32_t bb : top) {
+        if (all_entries) {
+          std::copy(ent.data() + bb * d, ent.data() + (bb + 1) * d, kp);
+        } else {
+          ls.kv.decode(ls.entries.data() + bb * kvb, kp);
+        }
+        kp += d;
+      }
     } else if (vis > 0) {
       std::copy(ent.data(), ent.data() + vis * d, kp);
     }
