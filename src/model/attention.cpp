@@ -18,10 +18,18 @@ void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t 
   // Scores S[h, j] = q_h . K_j: the keys act as an F32 weight [n, d], the heads as tokens.
   std::vector<float> p(static_cast<size_t>(H * n));
   qmatmul(f32_weight(K, n, d), 0, n, Q, d, H, p.data(), n);
-  count_matmul_flops(static_cast<uint64_t>(4 * H * n * d));  // scores and the weighted sum
+  count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));
+  attend_scores(p.data(), H, K, n, d, sink, scale, out);
+}
+
+void attend_scores(float* p, int64_t H, const float* K, int64_t n, int64_t d, const float* sink, float scale, float* out) {
+  if (n == 0) {
+    std::fill(out, out + H * d, 0.0f);
+    return;
+  }
   thread_pool().parallel_for(H, [&](int64_t hb, int64_t he) {
     for (int64_t h = hb; h < he; ++h) {
-      float* s = p.data() + h * n;
+      float* s = p + h * n;
       float mx = sink[h];
       for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j] *= scale);
       float den = std::exp(sink[h] - mx);  // the sink only adds to the denominator
@@ -30,7 +38,13 @@ void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t 
       for (int64_t j = 0; j < n; ++j) s[j] *= inv;
     }
   });
-  gemm_nn(p.data(), n, K, d, out, d, H, d, n);
+  gemm_nn(p, n, K, d, out, d, H, d, n);
+  count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));  // the weighted sum
+}
+
+void query_key_scores(const float* Q, int64_t nq, const float* K, int64_t n, int64_t d, float* S) {
+  if (nq == 0 || n == 0) return;
+  qmatmul(f32_weight(Q, nq, d), 0, nq, K, d, n, S, nq);
 }
 
 std::vector<int32_t> indexer_topk(const float* q, const float* w, const float* keys, int64_t n, int64_t heads, int64_t dim,

@@ -12,6 +12,16 @@ namespace dsv4 {
 // the pool (qmatmul, gemm_nn); call it from one thread at a time.
 void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t d, const float* sink, float scale, float* out);
 
+// The same with the scores already computed: p [H, n] holds q_h . K_j (before `scale`) and is
+// overwritten with the attention weights. (A query's scores may come from a larger product:
+// each is one canonical qmatmul dot, whichever operand plays the weight.)
+void attend_scores(float* p, int64_t H, const float* K, int64_t n, int64_t d, const float* sink, float scale, float* out);
+
+// S[j * nq + i] = Q_i . K_j for nq query rows and n keys (one product: the queries act as the F32
+// weight, the keys as tokens; each value equals attend_heads' score bit for bit). FLOPs are not
+// counted here: a caller counts the scores it uses.
+void query_key_scores(const float* Q, int64_t nq, const float* K, int64_t n, int64_t d, float* S);
+
 // Indexer: score(b) = sum_h w[h] * relu(q[h] . keys[b]) for b < n; returns the top min(k, n)
 // entry indices (ties to the lower index).
 std::vector<int32_t> indexer_topk(const float* q, const float* w, const float* keys, int64_t n, int64_t heads, int64_t dim,

@@ -195,37 +195,69 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
 
   Buf o = zeros(T * H * d);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  // Queries run one after another; each one's products use the whole pool. Its keys are
-  // gathered contiguous: the window (chunk or ring), then the visible compressed entries.
-  Buf keys;
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t pos = p0 + t;
-    const int64_t first = std::max<int64_t>(0, pos - W + 1);
-    const int64_t vis = ratio > 0 ? (pos + 1) / ratio : 0;  // entries whose block has closed
-    std::vector<int32_t> top;
-    if (ratio == 4) top = indexer_topk(qi.data() + t * HI * dI, wi.data() + t * HI, ikeys.data(), vis, HI, dI, c.index_topk);
-    const int64_t n_comp = ratio == 4 ? static_cast<int64_t>(top.size()) : vis;
-    const int64_t n = pos - first + 1 + n_comp;
-    keys.resize(static_cast<size_t>(n * d));
-    float* kp = keys.data();
-    for (int64_t j = first; j <= pos; ++j, kp += d) {
+  // Each query attends over its own keys in its own order: the window (chunk or ring), then the
+  // visible compressed entries (CSA: in the indexer's top-k order). The scores of a block of
+  // kQueryBlock queries are one product against the union of their keys (the block's queries as
+  // the F32 weight, the keys as tokens: each score is the same canonical dot either way round),
+  // then every query takes its softmax and weighted sum over its own keys.
+  constexpr int64_t kQueryBlock = 16;
+  Buf uk, sc, p, keys;
+  std::vector<std::vector<int32_t>> top;
+  std::vector<int32_t> uni, slot(static_cast<size_t>(std::max<int64_t>(ls.n_entries, 1)), -1);
+  const float* ent_src = all_entries || ratio != 4 ? ent.data() : nullptr;
+  for (int64_t t0 = 0; t0 < T; t0 += kQueryBlock) {
+    const int64_t B = std::min(kQueryBlock, T - t0), BH = B * H;
+    const int64_t pos0 = p0 + t0, last = pos0 + B - 1;
+    const int64_t first0 = std::max<int64_t>(0, pos0 - W + 1), nwin = last - first0 + 1;
+    top.assign(static_cast<size_t>(B), {});
+    uni.clear();
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t vis = ratio > 0 ? (pos0 + b + 1) / ratio : 0;  // entries whose block has closed
+      if (ratio == 4) {
+        top[b] = indexer_topk(qi.data() + (t0 + b) * HI * dI, wi.data() + (t0 + b) * HI, ikeys.data(), vis, HI, dI, c.index_topk);
+      } else {
+        top[b].resize(static_cast<size_t>(vis));
+        for (int64_t i = 0; i < vis; ++i) top[b][i] = static_cast<int32_t>(i);
+      }
+      uni.insert(uni.end(), top[b].begin(), top[b].end());
+    }
+    std::sort(uni.begin(), uni.end());
+    uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
+    // The union's keys: the block's window positions, then its entries.
+    const int64_t nu = nwin + static_cast<int64_t>(uni.size());
+    uk.resize(static_cast<size_t>(nu * d));
+    float* kp = uk.data();
+    for (int64_t j = first0; j <= last; ++j, kp += d) {
       const float* src = j >= p0 ? kv.data() + (j - p0) * d : ring.data() + (j % W) * d;
       std::copy(src, src + d, kp);
     }
-    if (ratio == 4) {
-      for (int32_t bb : top) {
-        if (all_entries) {
-          std::copy(ent.data() + bb * d, ent.data() + (bb + 1) * d, kp);
-        } else {
-          ls.kv.decode(ls.entries.data() + bb * kvb, kp);
-        }
-        kp += d;
+    for (size_t u = 0; u < uni.size(); ++u, kp += d) {
+      slot[uni[u]] = static_cast<int32_t>(nwin + static_cast<int64_t>(u));
+      if (ent_src != nullptr) {
+        std::copy(ent_src + uni[u] * d, ent_src + (uni[u] + 1) * d, kp);
+      } else {
+        ls.kv.decode(ls.entries.data() + uni[u] * kvb, kp);
       }
-    } else if (vis > 0) {
-      std::copy(ent.data(), ent.data() + vis * d, kp);
     }
-    float* ot = o.data() + t * H * d;
-    attend_heads(q.data() + t * H * d, H, keys.data(), n, d, A.sink.data(), scale, ot);
+    // sc[u * BH + b*H + h] = q_{b,h} . key_u
+    sc.resize(static_cast<size_t>(nu * BH));
+    query_key_scores(q.data() + t0 * H * d, BH, uk.data(), nu, d, sc.data());
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t pos = pos0 + b, first = std::max<int64_t>(0, pos - W + 1);
+      const int64_t n = pos - first + 1 + static_cast<int64_t>(top[b].size());
+      p.resize(static_cast<size_t>(H * n));
+      keys.resize(static_cast<size_t>(n * d));
+      int64_t j = 0;
+      auto take = [&](int64_t u) {
+        for (int64_t h = 0; h < H; ++h) p[h * n + j] = sc[u * BH + b * H + h];
+        std::copy(uk.data() + u * d, uk.data() + (u + 1) * d, keys.data() + j * d);
+        ++j;
+      };
+      for (int64_t k = first; k <= pos; ++k) take(k - first0);
+      for (int32_t e : top[b]) take(slot[e]);
+      count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));  // this query's scores
+      attend_scores(p.data(), H, keys.data(), n, d, A.sink.data(), scale, o.data() + (t0 + b) * H * d);
+    }
   }
   for_each_token(T, [&](int64_t t) {
     for (int64_t h = 0; h < H; ++h) rot[t].apply(o.data() + (t * H + h) * d, d, /*inverse=*/true);
