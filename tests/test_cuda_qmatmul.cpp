@@ -14,24 +14,6 @@ using namespace dsv4::testing;
 
 namespace {
 
-constexpr float kSentinel = 12345.0f;
-
-struct Problem {
-  int64_t r0, r1, T, ldx, ldy;
-  std::vector<float> x;
-};
-
-// x [T, ldx] with NaN in the stride padding (reading it would poison a result).
-Problem make_problem(const QWeight& w, int64_t r0, int64_t r1, int64_t T, uint32_t seed) {
-  Problem p{r0, r1, T, w.cols + 7, (r1 - r0) + 5, {}};
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  p.x.assign(static_cast<size_t>(T * p.ldx), std::numeric_limits<float>::quiet_NaN());
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < w.cols; ++c) p.x[t * p.ldx + c] = d(g);
-  return p;
-}
-
 std::vector<float> run_gpu(const gpu::WeightView& w, const Problem& p) {
   gpu::DeviceBuffer dx = dev(p.x);
   gpu::DeviceBuffer dy = dev(std::vector<float>(static_cast<size_t>(p.T * p.ldy), kSentinel));

@@ -17,118 +17,12 @@
 #include "core/threads.h"
 #include "core/weight.h"
 #include "cpu/qmatmul.h"
+#include "test_weights.h"
 
 using namespace dsv4;
+using namespace dsv4::testing;
 
 namespace {
-
-constexpr WFormat kFormats[] = {WFormat::F32, WFormat::BF16, WFormat::F16, WFormat::FP8Block, WFormat::MXFP4,
-                                WFormat::NVFP4};
-
-// A weight and the bytes it views.
-struct Owned {
-  std::vector<uint8_t> data, scale;
-  QWeight w;
-};
-
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-uint8_t finite_e4m3(uint32_t v) {
-  const auto b = static_cast<uint8_t>(v);
-  return (b & 0x7F) == 0x7F ? static_cast<uint8_t>(b ^ 0x01) : b;
-}
-
-Owned make_weight(WFormat fmt, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 g(seed);
-  auto u = [&](uint32_t n) { return static_cast<uint32_t>(g() % n); };
-  Owned o;
-  QWeight& w = o.w;
-  w.fmt = fmt;
-  w.rows = rows;
-  w.cols = cols;
-  w.name = std::string("test.") + wformat_name(fmt);
-  const auto n = static_cast<size_t>(rows * cols);
-  switch (fmt) {
-    case WFormat::F32: {
-      std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-      o.data.resize(n * 4);
-      for (size_t i = 0; i < n; ++i) {
-        const float f = d(g);
-        std::memcpy(&o.data[i * 4], &f, 4);
-      }
-      break;
-    }
-    case WFormat::BF16: {
-      std::uniform_real_distribution<float> d(-2.0f, 2.0f);
-      o.data.resize(n * 2);
-      for (size_t i = 0; i < n; ++i) {
-        const float f = d(g);
-        uint32_t b;
-        std::memcpy(&b, &f, 4);
-        const auto h = static_cast<uint16_t>(b >> 16);
-        std::memcpy(&o.data[i * 2], &h, 2);
-      }
-      break;
-    }
-    case WFormat::F16: {
-      o.data.resize(n * 2);
-      for (size_t i = 0; i < n; ++i) {
-        // Exponents 0..20: subnormals included, magnitudes up to 64, never inf/NaN.
-        const auto h = static_cast<uint16_t>((u(2) << 15) | (u(21) << 10) | u(1024));
-        std::memcpy(&o.data[i * 2], &h, 2);
-      }
-      break;
-    }
-    case WFormat::FP8Block: {
-      o.data.resize(n);
-      for (auto& b : o.data) b = finite_e4m3(g());
-      w.scale_cols = cdiv(cols, 128);
-      o.scale.resize(static_cast<size_t>(cdiv(rows, 128) * w.scale_cols));
-      for (auto& b : o.scale) b = static_cast<uint8_t>(112 + u(25));  // 2^-15 .. 2^9
-      break;
-    }
-    case WFormat::MXFP4:
-    case WFormat::NVFP4: {
-      o.data.resize(static_cast<size_t>(rows * (cols / 2)));
-      for (auto& b : o.data) b = static_cast<uint8_t>(g());
-      const int64_t block = fmt == WFormat::MXFP4 ? 32 : 16;
-      w.scale_cols = cdiv(cols, block);
-      o.scale.resize(static_cast<size_t>(rows * w.scale_cols));
-      if (fmt == WFormat::MXFP4) {
-        // Mostly 2^-9 .. 2^6, with the extremes 2^-127 (byte 0, a subnormal) and 2^-126.
-        for (auto& b : o.scale) {
-          const uint32_t k = u(20);
-          b = k == 0 ? 0 : k == 1 ? 1 : static_cast<uint8_t>(118 + u(16));
-        }
-      } else {
-        for (auto& b : o.scale) b = finite_e4m3(g());  // the whole E4M3 range, subnormals and sign
-        w.scale2 = 0.0371f;
-      }
-      break;
-    }
-  }
-  w.data = o.data.data();
-  w.scale = o.scale.empty() ? nullptr : o.scale.data();
-  return o;
-}
-
-struct Problem {
-  int64_t r0, r1, T, ldx, ldy;
-  std::vector<float> x;
-};
-
-Problem make_problem(const QWeight& w, int64_t r0, int64_t r1, int64_t T, uint32_t seed) {
-  Problem p{r0, r1, T, w.cols + 7, (r1 - r0) + 5, {}};
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  // The stride padding is NaN: reading it would poison the result.
-  p.x.assign(static_cast<size_t>(T * p.ldx), std::numeric_limits<float>::quiet_NaN());
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < w.cols; ++c) p.x[t * p.ldx + c] = d(g);
-  return p;
-}
-
-constexpr float kSentinel = 12345.0f;
 
 std::vector<float> run(const QWeight& w, const Problem& p) {
   std::vector<float> y(static_cast<size_t>(p.T * p.ldy), kSentinel);
@@ -190,9 +84,9 @@ struct IsaGuard {
 void run_isa_suite(Isa isa) {
   IsaGuard guard(isa);
   uint32_t seed = 1;
-  for (WFormat f : kFormats) {
+  for (WFormat f : kAllFormats) {
     for (const Shape& s : shapes_for(f)) {
-      const Owned o = make_weight(f, s.rows, s.cols, seed++);
+      const OwnedWeight o = make_weight(f, s.rows, s.cols, seed++);
       const std::vector<float> deq = dequant_all(o.w);
       for (int64_t T : {1, 2, 3, 8, 37}) {
         const int64_t r0 = s.rows > 8 ? 5 : 1, r1 = s.rows > 8 ? s.rows - 3 : s.rows;
@@ -214,9 +108,9 @@ void run_isa_suite(Isa isa) {
 void run_isa_large(Isa isa) {
   IsaGuard guard(isa);
   uint32_t seed = 100;
-  for (WFormat f : kFormats) {
+  for (WFormat f : kAllFormats) {
     const bool fp4 = f == WFormat::MXFP4 || f == WFormat::NVFP4;
-    const Owned o = make_weight(f, 300, fp4 ? 2336 : 2200, seed++);
+    const OwnedWeight o = make_weight(f, 300, fp4 ? 2336 : 2200, seed++);
     const std::vector<float> deq = dequant_all(o.w);
     for (int64_t T : {1, 5, 40}) {
       const Problem p = make_problem(o.w, 3, 299, T, seed++);
@@ -231,9 +125,9 @@ void run_isa_large(Isa isa) {
 void run_isa_exact(Isa isa) {
   IsaGuard guard(isa);
   uint32_t seed = 200;
-  for (WFormat f : kFormats) {
+  for (WFormat f : kAllFormats) {
     const bool fp4 = f == WFormat::MXFP4 || f == WFormat::NVFP4;
-    const Owned o = make_weight(f, 140, fp4 ? 160 : 150, seed++);
+    const OwnedWeight o = make_weight(f, 140, fp4 ? 160 : 150, seed++);
     const std::vector<float> deq = dequant_all(o.w);
     const int64_t T = o.w.cols;
     std::vector<float> x(static_cast<size_t>(T * T), 0.0f);
@@ -264,14 +158,14 @@ void run_isa_exact(Isa isa) {
 void run_isa_invariance(Isa isa) {
   IsaGuard guard(isa);
   uint32_t seed = 400;
-  for (WFormat f : kFormats) {
+  for (WFormat f : kAllFormats) {
     const bool fp4 = f == WFormat::MXFP4 || f == WFormat::NVFP4;
     // Long rows (several K chunks, partial last group), FP8 scale blocks crossed by row tiles,
     // many rows (whole 128-row blocks and full token blocks on each of two threads), and a
     // small shape.
     const Shape shapes[] = {{150, fp4 ? 2340 : 2339}, {300, fp4 ? 640 : 601}, {37, 100}};
     for (const Shape& s : shapes) {
-      const Owned o = make_weight(f, s.rows, s.cols, seed++);
+      const OwnedWeight o = make_weight(f, s.rows, s.cols, seed++);
       constexpr int64_t NT = 100;
       const int64_t rows = s.rows, cols = s.cols, ldx = cols + 3;
       std::mt19937 g(seed++);
@@ -355,7 +249,7 @@ TEST(Kernels, IsaQueries) {
 }
 
 TEST(Kernels, RejectsBadArguments) {
-  const Owned o = make_weight(WFormat::F32, 4, 8, 7);
+  const OwnedWeight o = make_weight(WFormat::F32, 4, 8, 7);
   std::vector<float> x(8, 1.0f), y(4);
   EXPECT_THROW(qmatmul(o.w, 0, 5, x.data(), 8, 1, y.data(), 4), Error);
   EXPECT_THROW(qmatmul(o.w, 3, 2, x.data(), 8, 1, y.data(), 4), Error);
@@ -373,13 +267,13 @@ TEST(Kernels, EdgeCases) {
     for (int path : kPaths) {
       set_qmatmul_fused_max_tokens(path);
       // No columns: every sum is empty.
-      Owned z = make_weight(WFormat::F32, 5, 0, 9);
+      OwnedWeight z = make_weight(WFormat::F32, 5, 0, 9);
       z.w.data = reinterpret_cast<const uint8_t*>("");  // non-null, never read
       std::vector<float> x(3, 1.0f), y(3 * 5, kSentinel);
       qmatmul(z.w, 0, 5, x.data(), 1, 3, y.data(), 5);
       for (float v : y) EXPECT_EQ(v, 0.0f) << isa_name(isa);
       // One row, one column; then again after the scratch is released.
-      const Owned o = make_weight(WFormat::FP8Block, 1, 1, 10);
+      const OwnedWeight o = make_weight(WFormat::FP8Block, 1, 1, 10);
       const float want = dequant_all(o.w)[0] * 2.0f;
       for (int k = 0; k < 2; ++k) {
         const float two = 2.0f;
@@ -436,9 +330,9 @@ TEST(Kernels, IsasAgree) {
   for (Isa isa : {Isa::Scalar, Isa::AVX2, Isa::AVX512})
     if (isa_supported(isa)) isas.push_back(isa);
   uint32_t seed = 300;
-  for (WFormat f : kFormats) {
+  for (WFormat f : kAllFormats) {
     const bool fp4 = f == WFormat::MXFP4 || f == WFormat::NVFP4;
-    const Owned o = make_weight(f, 130, fp4 ? 288 : 260, seed++);
+    const OwnedWeight o = make_weight(f, 130, fp4 ? 288 : 260, seed++);
     const std::vector<float> deq = dequant_all(o.w);
     for (int64_t T : {1, 2, 3, 8, 37}) {
       const Problem p = make_problem(o.w, 2, 129, T, seed++);
