@@ -221,8 +221,11 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
       }
       uni.insert(uni.end(), top[b].begin(), top[b].end());
     }
-    std::sort(uni.begin(), uni.end());
-    uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
+    // A block of one query (decode) keeps its own order, so its keys are the union as built.
+    if (B > 1) {
+      std::sort(uni.begin(), uni.end());
+      uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
+    }
     // The union's keys: the block's window positions, then its entries.
     const int64_t nu = nwin + static_cast<int64_t>(uni.size());
     uk.resize(static_cast<size_t>(nu * d));
@@ -245,18 +248,20 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
     for (int64_t b = 0; b < B; ++b) {
       const int64_t pos = pos0 + b, first = std::max<int64_t>(0, pos - W + 1);
       const int64_t n = pos - first + 1 + static_cast<int64_t>(top[b].size());
+      // Its keys in its order: the union itself for a block of one, else gathered.
+      const bool own = B == 1;
       p.resize(static_cast<size_t>(H * n));
-      keys.resize(static_cast<size_t>(n * d));
+      if (!own) keys.resize(static_cast<size_t>(n * d));
       int64_t j = 0;
       auto take = [&](int64_t u) {
         for (int64_t h = 0; h < H; ++h) p[h * n + j] = sc[u * BH + b * H + h];
-        std::copy(uk.data() + u * d, uk.data() + (u + 1) * d, keys.data() + j * d);
+        if (!own) std::copy(uk.data() + u * d, uk.data() + (u + 1) * d, keys.data() + j * d);
         ++j;
       };
       for (int64_t k = first; k <= pos; ++k) take(k - first0);
       for (int32_t e : top[b]) take(slot[e]);
       count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));  // this query's scores
-      attend_scores(p.data(), H, keys.data(), n, d, A.sink.data(), scale, o.data() + (t0 + b) * H * d);
+      attend_scores(p.data(), H, own ? uk.data() : keys.data(), n, d, A.sink.data(), scale, o.data() + (t0 + b) * H * d);
     }
   }
   for_each_token(T, [&](int64_t t) {
