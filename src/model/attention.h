@@ -12,6 +12,8 @@ namespace dsv4 {
 // the pool (qmatmul, gemm_nn); call it from one thread at a time.
 void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t d, const float* sink, float scale, float* out);
 
+// The forward uses the two halves of attend_heads below (scores for a block of queries at once,
+// then attend_scores per query); attend_heads is the one-query composition.
 // The same with the scores already computed: p [H, n] holds q_h . K_j (before `scale`) and is
 // overwritten with the attention weights. (A query's scores may come from a larger product:
 // each is one canonical qmatmul dot, whichever operand plays the weight.)
