@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
   int reps = 5, threads = 0;
   double gib = 1.0;
   std::string isa_arg, only;
+  long long shape_rows = 4096, shape_cols = 7168;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
@@ -183,9 +184,14 @@ int main(int argc, char** argv) {
       threads = std::atoi(argv[++i]);
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
+    } else if (a == "--shape" && i + 1 < argc) {
+      if (std::sscanf(argv[++i], "%lldx%lld", &shape_rows, &shape_cols) != 2 || shape_rows <= 0 || shape_cols <= 0) {
+        std::fprintf(stderr, "--shape wants ROWSxCOLS, e.g. 2048x4096\n");
+        return 2;
+      }
     } else {
       std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N] "
-                   "[--only gemv|sweep|gemm]\n",
+                   "[--only gemv|sweep|gemm] [--shape ROWSxCOLS]\n",
                    argv[0]);
       return 2;
     }
@@ -215,8 +221,8 @@ int main(int argc, char** argv) {
   const double peak = measure_peak_gflops(reps);
   std::printf("peak FMA (%s, %d threads): best %7.1f GFLOP/s\n", isa_name(isa), nthr, peak);
 
-  // GEMV over > LLC of weights: a set of 4096 x 7168 matrices, each called once per repetition.
-  const int64_t rows = 4096, cols = 7168;
+  // GEMV over > LLC of weights: a set of ROWS x COLS matrices (default 4096 x 7168), each called once per repetition.
+  const int64_t rows = shape_rows, cols = shape_cols;
   auto run_section = [&](const char* name) { return only.empty() || only == name; };
   std::vector<float> x(static_cast<size_t>(512 * cols));
   fill_random(reinterpret_cast<uint8_t*>(x.data()), x.size() * 4, 5);

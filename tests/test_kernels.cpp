@@ -181,7 +181,9 @@ void run_isa_invariance(Isa isa) {
       // Tokens [t0, t0+T) as one batch (x copied with another stride), rows [r0, r1).
       auto check = [&](int path, int64_t t0, int64_t T, int64_t r0, int64_t r1) {
         set_qmatmul_fused_max_tokens(path);
-        const int64_t ldx2 = cols + 11, ldy = (r1 - r0) + 2;
+        // Odd batches dense (ldx == cols: small F32 weights then swap operands, see qmatmul),
+        // even ones strided.
+        const int64_t ldx2 = T % 2 == 1 ? cols : cols + 11, ldy = (r1 - r0) + 2;
         std::vector<float> xb(static_cast<size_t>(T * ldx2), std::numeric_limits<float>::quiet_NaN());
         for (int64_t t = 0; t < T; ++t) std::memcpy(&xb[t * ldx2], &x[(t0 + t) * ldx], sizeof(float) * cols);
         std::vector<float> y(static_cast<size_t>(T * ldy), kSentinel);

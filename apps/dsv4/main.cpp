@@ -103,9 +103,10 @@ Errors print one line to stderr and exit with status 1 (2 for bad usage).
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Large per-step buffers (logits, decoded window ring, attention scratch) would otherwise be
+  // Per-step buffers outside the forward's arena (logits, attention scratch) would otherwise be
   // fresh mmaps, zeroed by the kernel on every decode step; keep them in the reusable heap.
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  // 32 MiB is the largest threshold glibc accepts (a larger value is ignored).
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   if (argc < 2) {
     std::fputs(kHelp, stderr);

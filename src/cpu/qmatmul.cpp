@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/threads.h"
@@ -108,6 +109,7 @@ void run_scalar(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_
 constexpr int kDefaultFusedMaxT512 = 24;
 constexpr int kDefaultFusedMaxT256 = 8;
 constexpr int kAuto = -1;
+constexpr int64_t kSwapMaxRows = 24;  // F32 weights this small swap operands at large T (qmatmul)
 std::atomic<int> g_override{-1};
 std::atomic<int> g_fused_max{kAuto};
 
@@ -214,6 +216,26 @@ void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t l
     return;
   }
   const Isa isa = active_isa();
+  // A few F32 rows against many tokens (mHC's mixes: 24 x 16384 per chunk): the GEMM path would
+  // pack all of x into panels for a few rows of work, and the 64-row panel of such long rows
+  // spills L2. Swapped (x's rows as the F32 weight, W's rows as the tokens, the fused path) each
+  // output is the same canonical dot -- F32 decodes both operands alike and fma(a, b, c) ==
+  // fma(b, a, c) -- and x streams once.
+  const int64_t nr = r1 - r0;
+  if (w.fmt == WFormat::F32 && ldx == w.cols && nr <= qmm::kSwapMaxRows && T > nr && T > qmm::fused_max_for(isa)) {
+    QWeight xw;
+    xw.fmt = WFormat::F32;
+    xw.rows = T;
+    xw.cols = w.cols;
+    xw.data = reinterpret_cast<const uint8_t*>(x);
+    xw.name = w.name + " (activations)";
+    thread_local std::vector<float> yt;
+    yt.resize(static_cast<size_t>(nr * T));
+    qmatmul(xw, 0, T, reinterpret_cast<const float*>(w.data) + r0 * w.cols, w.cols, nr, yt.data(), T);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < nr; ++j) y[t * ldy + j] = yt[j * T + t];
+    return;
+  }
   switch (isa) {
     case Isa::AVX512: return qmm::run_avx512(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa));
     case Isa::AVX2: return qmm::run_avx2(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa));

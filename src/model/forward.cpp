@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/arena.h"
 #include "core/error.h"
 #include "core/formats.h"
 #include "core/threads.h"
@@ -17,9 +18,12 @@ namespace dsv4 {
 
 namespace {
 
-using Buf = std::vector<float>;
-
-Buf zeros(int64_t n) { return Buf(static_cast<size_t>(n), 0.0f); }
+// Activations live in the calling thread's arena (core/arena.h), one Scope per layer step and
+// per expert: after the first chunk no step maps fresh memory. zeros() for buffers that are
+// accumulated into or read before being fully written; raw() for outputs written in full.
+using Buf = Floats;
+Buf zeros(int64_t n) { return thread_arena().take(n); }
+Buf raw(int64_t n) { return thread_arena().take(n, /*zero=*/false); }
 
 // Decoded CSA entries held at once for a chunk (floats): 64 MiB.
 constexpr int64_t kMaxDecodedEntryFloats = int64_t{16} << 20;
@@ -62,9 +66,10 @@ void Model::forward(SequenceState& st, const int32_t* tokens, int64_t T, float* 
                   std::to_string(c.vocab) + ")");
   if (static_cast<int64_t>(st.layers.size()) != c.n_layers) throw Error("sequence state does not belong to this model");
   const int64_t p0 = st.pos;
+  Arena::Scope scope(thread_arena());
 
-  Buf X = zeros(T * hc * D);
-  Buf e(static_cast<size_t>(D));
+  Buf X = raw(T * hc * D);
+  std::vector<float> e(static_cast<size_t>(D));
   for (int64_t t = 0; t < T; ++t) {
     dequant_row(w_.embed, tokens[t], e.data());
     for (int64_t i = 0; i < hc; ++i) std::copy(e.begin(), e.end(), X.begin() + (t * hc + i) * D);
@@ -76,7 +81,7 @@ void Model::forward(SequenceState& st, const int32_t* tokens, int64_t T, float* 
   // hc_head: collapse the hc copies with sigmoid weights, then final norm and the head; only
   // for the tokens whose logits are wanted.
   const int64_t t0 = which == Logits::Last ? T - 1 : 0, nt = T - t0;
-  Buf y = zeros(nt * D), mixes = zeros(nt * hc);
+  Buf y = zeros(nt * D), mixes = raw(nt * hc);
   const int64_t n = hc * D;
   const float* Xo = X.data() + t0 * n;
   matmul(f32_weight(w_.hc_head.fn.data(), hc, n), Xo, nt, mixes.data());
@@ -95,7 +100,8 @@ void Model::forward(SequenceState& st, const int32_t* tokens, int64_t T, float* 
 void Model::block(int64_t l, const LayerW& L, LayerState& ls, float* X, const int32_t* tokens, int64_t T, int64_t p0) const {
   const ModelConfig& c = w_.cfg;
   const int64_t D = c.dim, hc = c.hc;
-  Buf x = zeros(T * D), post = zeros(T * hc), comb = zeros(T * hc * hc), f = zeros(T * D);
+  Arena::Scope scope(thread_arena());
+  Buf x = raw(T * D), post = raw(T * hc), comb = raw(T * hc * hc), f = zeros(T * D);
 
   hc_pre(c, L.hc_attn, X, T, x.data(), post.data(), comb.data());
   for_each_token(T, [&](int64_t t) { rmsnorm(x.data() + t * D, L.attn_norm.data(), D, c.eps, x.data() + t * D); });
@@ -116,7 +122,8 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
   const float eps = static_cast<float>(c.eps);
 
   // Queries: low-rank path, unweighted per-head norm, RoPE.
-  Buf qr = zeros(T * Qr), q = zeros(T * H * d), kv = zeros(T * d);
+  Arena::Scope scope(thread_arena());
+  Buf qr = raw(T * Qr), q = raw(T * H * d), kv = raw(T * d);
   matmul(A.wq_a, x, T, qr.data());
   for_each_token(T, [&](int64_t t) { rmsnorm(qr.data() + t * Qr, A.q_norm.data(), Qr, eps, qr.data() + t * Qr); });
   matmul(A.wq_b, qr.data(), T, q.data());
@@ -158,8 +165,8 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
   Buf qi, wi;
   if (ratio == 4) {
     const IndexerW& ix = *A.indexer;
-    qi = zeros(T * HI * dI);
-    wi = zeros(T * HI);
+    qi = raw(T * HI * dI);
+    wi = raw(T * HI);
     matmul(ix.wq_b, qr.data(), T, qi.data());
     for_each_token(T, [&](int64_t t) {
       for (int64_t h = 0; h < HI; ++h) {
@@ -185,15 +192,15 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
   Buf ent, ikeys;
   const bool all_entries = ratio > 0 && (ratio != 4 || (T > 1 && ls.n_entries * d <= kMaxDecodedEntryFloats));
   if (all_entries) {
-    ent = zeros(ls.n_entries * d);
+    ent = raw(ls.n_entries * d);
     for_each_token(ls.n_entries, [&](int64_t bb) { ls.kv.decode(ls.entries.data() + bb * kvb, ent.data() + bb * d); });
   }
   if (ratio == 4) {
-    ikeys = zeros(ls.n_entries * dI);
+    ikeys = raw(ls.n_entries * dI);
     for_each_token(ls.n_entries, [&](int64_t bb) { ls.index.decode(ls.index_keys.data() + bb * ls.index.bytes(), ikeys.data() + bb * dI); });
   }
 
-  Buf o = zeros(T * H * d);
+  Buf o = raw(T * H * d);  // attend_scores writes every query's heads
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   // Each query attends over its own keys in its own order: the window (chunk or ring), then the
   // visible compressed entries (CSA: in the indexer's top-k order). The scores of a block of
@@ -201,7 +208,7 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
   // the F32 weight, the keys as tokens: each score is the same canonical dot either way round),
   // then every query takes its softmax and weighted sum over its own keys.
   constexpr int64_t kQueryBlock = 16;
-  Buf uk, sc, p, keys;
+  std::vector<float> uk, sc, p, keys;
   std::vector<std::vector<int32_t>> top;
   std::vector<int32_t> uni, slot(static_cast<size_t>(std::max<int64_t>(ls.n_entries, 1)), -1);
   const float* ent_src = all_entries || ratio != 4 ? ent.data() : nullptr;
@@ -273,7 +280,7 @@ void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, co
 
   // Grouped low-rank output projection.
   const int64_t G = c.o_groups, Ro = c.o_lora, gw = H * d / G;
-  Buf z = zeros(T * G * Ro);
+  Buf z = raw(T * G * Ro);  // each group writes its Ro columns
   for (int64_t g = 0; g < G; ++g) matmul(A.wo_a, g * Ro, (g + 1) * Ro, o.data() + g * gw, H * d, T, z.data() + g * Ro, G * Ro);
   matmul(A.wo_b, z.data(), T, out);
 }
@@ -284,7 +291,8 @@ void Model::moe(const LayerW& L, const float* x, const int32_t* tokens, int64_t 
   const int64_t D = c.dim, E = c.n_experts, k = c.n_active, I = c.moe_inter;
   const float lim = static_cast<float>(c.swiglu_limit);
 
-  Buf logits = zeros(T * E);
+  Arena::Scope scope(thread_arena());
+  Buf logits = raw(T * E);
   matmul(F.gate, x, T, logits.data());
   // Routing: per expert, the tokens it serves and their weights.
   std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
@@ -299,7 +307,8 @@ void Model::moe(const LayerW& L, const float* x, const int32_t* tokens, int64_t 
   auto run_expert = [&](const ExpertW& ew, const std::vector<std::pair<int64_t, float>>& toks) {
     const int64_t n = static_cast<int64_t>(toks.size());
     if (n == 0) return;
-    Buf xs = zeros(n * D), g = zeros(n * I), u = zeros(n * I), y = zeros(n * D);
+    Arena::Scope expert_scope(thread_arena());
+    Buf xs = raw(n * D), g = raw(n * I), u = raw(n * I), y = raw(n * D);
     for_each_token(n, [&](int64_t i) { std::copy(x + toks[i].first * D, x + (toks[i].first + 1) * D, xs.begin() + i * D); });
     matmul(ew.w1, xs.data(), n, g.data());
     matmul(ew.w3, xs.data(), n, u.data());
