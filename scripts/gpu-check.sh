@@ -9,16 +9,17 @@
 #                                     # into build-gpu-deps/ (git-ignored) for machines that lack
 #                                     # them and cannot fetch: name build-gpu-deps in the run's carry
 #
-# Only the kernel library and its unit tests exist so far (issue 5; docs/cuda.md). The steps
-# that need the backend wiring are listed below and deliberately NOT run by this script,
-# because the commands do not exist yet (no --device option in the CLI):
-#   1. Golden logits, GPU vs CPU:  dsv4 score --device cuda <model> <golden case>  compared with
-#      the float64 golden logits at the CPU's thresholds (tests/test_golden.cpp), for the tiny
-#      cases in tests/data/golden and small-native from ../shared.
-#   2. Chunk invariance on the GPU: prefill in chunks 1/3/7/all == one-shot, as test_golden.cpp.
-#   3. Speed:  dsv4 bench --device cuda  (decode tok/s vs HBM bandwidth, prefill vs FP32 peak),
-#      figures into docs/perf.md.
-# When they exist, add them after the ctest step below and to the summary table.
+# After `ctest -L gpu` (the kernels' unit tests and the CUDA backend's end-to-end tests,
+# tests/test_cuda_forward.cpp), when the built dsv4 has --device (docs/backend.md):
+#   1. Golden logits through the CLI: `dsv4 score --device cuda` on every golden case
+#      (tests/data/golden, ../shared/golden/small-native) against the float64 golden logits at
+#      the case's thresholds, and against `dsv4 score --device cpu` (scripts/compare-logits.py,
+#      needs python3, no numpy).
+#   2. Chunk invariance through the CLI: --chunk 7 and all-decode == one-shot prefill (<= 1e-5).
+#   3. Speed: `dsv4 bench --device cuda` on the tiny and small models ($DSV4_GPU_BENCH_MODEL adds
+#      one more, e.g. a flash-proxy made with `dsv4 make-tiny --preset flash-proxy`); the
+#      figures go into the log, not yet into docs/perf.md.
+# Each step's result is in the summary; a failed step makes the exit status 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEPS=${DSV4_GPU_DEPS_DIR:-build-gpu-deps}  # overridable for trying the script elsewhere
@@ -71,8 +72,8 @@ fi
 grep -E "^-- dsv4:" "$BUILD/gpu-configure.log" || true
 grep -q "building dsv4cuda" "$BUILD/gpu-configure.log" || { echo "gpu-check: CMake found no CUDA compiler" >&2; exit 1; }
 
-echo "== build (gpu tests and what they need)"
-targets=()
+echo "== build (gpu tests, dsv4 and what they need)"
+targets=(dsv4)
 for f in tests/test_cuda_*.cpp; do targets+=("$(basename "$f" .cpp)"); done
 cmake --build "$BUILD" -j"$JOBS" --target "${targets[@]}"
 
@@ -82,6 +83,54 @@ set +e
 (cd "$BUILD" && ctest -L gpu --output-on-failure) 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
 set -e
+
+# The CLI steps (see the header). Results as "name result" lines for the summary.
+steps=()
+step_failed=0
+record() {  # record NAME COMMAND...: runs it, notes Passed/Failed
+  local name=$1
+  shift
+  if "$@"; then steps+=("$name Passed"); else steps+=("$name Failed"); step_failed=1; fi
+}
+DSV4="$BUILD/dsv4"
+if "$DSV4" --help 2>/dev/null | grep -- "--device" >/dev/null; then  # grep reads it all: no SIGPIPE
+  if command -v python3 >/dev/null 2>&1; then
+    echo "== golden logits and chunk invariance: dsv4 score --device cuda"
+    for case in tests/data/golden/* ../shared/golden/small-native; do
+      [ -f "$case/case.json" ] || continue
+      name=$(basename "$case")
+      toks=$(tr -d ' \n' < "$case/tokens.txt")
+      ntok=$(echo "$toks" | tr ',' '\n' | wc -l)
+      prefill=$(sed -n 's/.*"prefill": *\([0-9]*\).*/\1/p' "$case/case.json")
+      o="$BUILD/gpu-logits-$name"
+      score() { "$DSV4" score --model "$case/model" --tokens "$toks" --out "$@"; }
+      record "cli.golden.$name.cuda" score "$o-cuda.npy" --device cuda --prefill "$prefill"
+      record "cli.golden.$name.cpu" score "$o-cpu.npy" --device cpu --prefill "$prefill"
+      record "cli.golden.$name.cuda_vs_golden" python3 scripts/compare-logits.py "$o-cuda.npy" "$case/expected.npy" \
+        --case "$case/case.json" --label "$name cuda vs golden"
+      record "cli.golden.$name.cuda_vs_cpu" python3 scripts/compare-logits.py "$o-cuda.npy" "$o-cpu.npy" --max-rel 2e-3 \
+        --label "$name cuda vs cpu"
+      record "cli.chunks.$name.oneshot" score "$o-all.npy" --device cuda --prefill "$ntok"
+      record "cli.chunks.$name.chunk7" score "$o-c7.npy" --device cuda --prefill "$ntok" --chunk 7
+      record "cli.chunks.$name.decode" score "$o-dec.npy" --device cuda --prefill 0
+      record "cli.chunks.$name.chunk7_eq" python3 scripts/compare-logits.py "$o-c7.npy" "$o-all.npy" --max-rel 1e-5 \
+        --label "$name cuda chunk 7 vs one-shot"
+      record "cli.chunks.$name.decode_eq" python3 scripts/compare-logits.py "$o-dec.npy" "$o-all.npy" --max-rel 1e-5 \
+        --label "$name cuda all-decode vs one-shot"
+    done
+  else
+    echo "gpu-check: python3 not found: CLI golden comparison skipped" >&2
+    steps+=("cli.golden NotRun")
+    step_failed=1
+  fi
+  echo "== bench --device cuda"
+  for m in tests/data/golden/tiny-native/model ../shared/golden/small-native/model ${DSV4_GPU_BENCH_MODEL:-}; do
+    [ -f "$m/config.json" ] || continue
+    record "bench.cuda.$(basename "$(dirname "$m")")" "$DSV4" bench --device cuda --model "$m" --prompt-len 128 --gen 32
+  done
+else
+  echo "gpu-check: $DSV4 has no --device option: CLI steps skipped"
+fi
 
 echo
 echo "== summary"
@@ -97,7 +146,11 @@ awk '/Test +#[0-9]+: / {
        printf "  %-60s %s\n", "total", total
        for (r in n) printf "  %-60s %d\n", r, n[r]
      }' "$LOG"
+if [ ${#steps[@]} -gt 0 ]; then
+  printf '%s\n' "${steps[@]}" | awk '{ printf "  %-60s %s\n", $1, $2 }'
+fi
 [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ] && cp "$LOG" "$OUT/" || true
+[ "$step_failed" -ne 0 ] && [ "$status" -eq 0 ] && status=1
 
 skipped=$(grep -cE "Test +#[0-9]+: .*Skipped" "$LOG" || true)
 if [ "$status" -eq 0 ] && [ "${skipped:-0}" -gt 0 ] && nvidia-smi -L >/dev/null 2>&1; then

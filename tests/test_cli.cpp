@@ -235,3 +235,36 @@ TEST(Cli, BenchJsonHasEveryField) {
   // Every weight of the attention path and the head is read once per decode step, at least.
   EXPECT_GT(j.at("decode_bytes_per_token").get<double>(), 1e6);
 }
+
+// --device: cpu (the default) runs as before; an unknown value is a usage error (exit 2); cuda
+// without a usable device exits 1 with one line saying why — here forced by hiding every GPU
+// (CUDA_VISIBLE_DEVICES=""), which also covers a build without CUDA (its own one-line reason).
+TEST(Cli, DeviceOption) {
+  const std::string dir = temp_dir("cli-device"), out = dir + "/l.npy";
+  CliRun cpu = score(tiny() + "/model", out, "--device cpu --threads 2");
+  ASSERT_EQ(cpu.status, 0) << cpu.err;
+  NpyF32 explicit_cpu = read_npy_f32(out);
+  fs::remove(out);
+  ASSERT_EQ(score(tiny() + "/model", out, "--threads 2").status, 0);
+  EXPECT_EQ(read_npy_f32(out).data, explicit_cpu.data);
+  fs::remove(out);
+
+  for (const std::string& cmd : {"score --model " + tiny() + "/model " + tokens_arg() + " --out " + out,
+                                "generate --model " + tiny() + "/model --prompt hi",
+                                "bench --model " + tiny() + "/model --prompt-len 4 --gen 1"}) {
+    CliRun bogus = dsv4_run(cmd + " --device bogus");
+    EXPECT_EQ(bogus.status, 2) << cmd << ": " << bogus.err;
+    EXPECT_NE(bogus.err.find("--device"), std::string::npos) << bogus.err;
+    EXPECT_NE(bogus.err.find("bogus"), std::string::npos) << bogus.err;
+
+    CommandResult c = run_command("CUDA_VISIBLE_DEVICES= " + std::string(DSV4_BIN) + " " + cmd + " --device cuda 2>&1 >/dev/null");
+    SCOPED_TRACE(cmd);
+    expect_one_line_error({c.status, c.output}, {"--device cuda"});
+    const bool says_why = c.output.find("CUDA device") != std::string::npos || c.output.find("without CUDA") != std::string::npos;
+    EXPECT_TRUE(says_why) << c.output;
+  }
+  EXPECT_FALSE(fs::exists(out));
+  CommandResult help = run_command(std::string(DSV4_BIN) + " --help");
+  EXPECT_NE(help.output.find("--device D"), std::string::npos);
+  fs::remove_all(dir);
+}

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "args.h"
+#include "device.h"
 #include "core/threads.h"
 #include "io/npy.h"
 #include "model/forward.h"
@@ -44,13 +45,14 @@ int cmd_score(const Args& a) {
   const int64_t chunk = a.integer("chunk", 0);
   set_threads(static_cast<int>(a.integer("threads", 0)));
   const LoadMode load = load_mode_option(a);
+  const Device device = device_option(a);
   a.check_all_used();
   if (T == 0) throw Usage("--tokens is empty");
   if (prefill < 0 || prefill > T) throw Usage("--prefill must be in [0, " + std::to_string(T) + "], got " + std::to_string(prefill));
   if (chunk < 0) throw Usage("--chunk must be >= 1 (or 0 for all), got " + std::to_string(chunk));
 
   auto t0 = std::chrono::steady_clock::now();
-  Model model(load_model(dir, load));
+  Model model = make_model(load_model(dir, load), device, T);
   const int64_t V = model.config().vocab;
   for (int64_t i = 0; i < T; ++i)
     if (tokens[i] >= V)
@@ -63,9 +65,9 @@ int cmd_score(const Args& a) {
   write_npy_f32(out, {T, V}, logits.data());
 
   auto sec = [](auto x, auto y) { return std::chrono::duration<double>(y - x).count(); };
-  std::fprintf(stderr, "dsv4 score: %lld tokens (%lld prefill, %lld decode), load %.2fs, forward %.2fs -> %s\n",
-               static_cast<long long>(T), static_cast<long long>(prefill), static_cast<long long>(T - prefill), sec(t0, t1),
-               sec(t1, t2), out.c_str());
+  std::fprintf(stderr, "dsv4 score: %lld tokens (%lld prefill, %lld decode) on %s, load %.2fs, forward %.2fs -> %s\n",
+               static_cast<long long>(T), static_cast<long long>(prefill), static_cast<long long>(T - prefill), model.device(),
+               sec(t0, t1), sec(t1, t2), out.c_str());
   return 0;
 }
 
@@ -134,7 +136,12 @@ int cmd_bench(const Args& a) {
   o.threads = static_cast<int>(a.integer("threads", 0));
   o.json = a.flag("json");
   o.load = load_mode_option(a);
+  const Device device = device_option(a);
   a.check_all_used();
+  if (device == Device::Cuda) {
+    o.device = "cuda";
+    o.make_model = [&o](ModelWeights w) { return make_model(std::move(w), Device::Cuda, o.prompt_len + o.gen); };
+  }
   BenchResult r = run_bench(o);
   std::fputs((o.json ? bench_json(r) + "\n" : bench_table(r)).c_str(), stdout);
   return 0;

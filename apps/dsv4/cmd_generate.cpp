@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "args.h"
+#include "device.h"
 #include "core/threads.h"
 #include "gen/generate.h"
 #include "text/chat.h"
@@ -20,14 +21,19 @@ struct Loaded {
   Tokenizer tok;
 };
 
-Loaded load_all(const Args& a) {
+// The model and tokenizer on the device --device names. On cuda the sequence caches are sized
+// for the context limit, so an unset --context becomes default_cuda_context().
+Loaded load_all(const Args& a, GenerateOptions& opt) {
+  const Device device = device_option(a);
   const std::string dir = a.str("model");
   const std::string tdir = a.str("tokenizer", dir);
   set_threads(static_cast<int>(a.integer("threads", 0)));
   if (!std::filesystem::exists(std::filesystem::path(tdir) / "tokenizer.json") && !std::filesystem::is_regular_file(tdir))
     throw Error("no tokenizer.json in " + tdir + " (pass --tokenizer DIR)");
   Tokenizer tok = Tokenizer::load(tdir);
-  Model model(load_model(dir, load_mode_option(a)));
+  ModelWeights w = load_model(dir, load_mode_option(a));
+  if (device == Device::Cuda && opt.context_limit <= 0) opt.context_limit = default_cuda_context(w.cfg);
+  Model model = make_model(std::move(w), device, opt.context_limit);
   if (tok.vocab_size() > model.config().vocab)
     throw Error("tokenizer " + tdir + " has " + std::to_string(tok.vocab_size()) + " tokens but the model's vocab_size is " +
                 std::to_string(model.config().vocab));
@@ -118,7 +124,7 @@ int cmd_generate(const Args& a) {
   const bool show = a.flag("show-reasoning");
   const std::string effort = a.str("reasoning-effort", "");
   GenerateOptions opt = gen_options(a);
-  Loaded L = load_all(a);
+  Loaded L = load_all(a, opt);
   a.check_all_used();
 
   std::vector<int32_t> ids;
@@ -148,7 +154,7 @@ int cmd_chat(const Args& a) {
   const std::string effort = a.str("reasoning-effort", "");
   const std::string system = a.str("system", "");
   GenerateOptions opt = gen_options(a);
-  Loaded L = load_all(a);
+  Loaded L = load_all(a, opt);
   a.check_all_used();
   ChatOptions co;
   co.mode = parse_mode(mode);

@@ -13,7 +13,8 @@ using namespace dsv4::cli;
 
 namespace {
 
-const char* kHelp = R"(dsv4 - DeepSeek-V4 inference engine (CPU reference backend)
+const char* kHelp = R"(dsv4 - DeepSeek-V4 inference engine (CPU reference backend; an experimental CUDA
+backend behind --device cuda, not yet validated on a GPU)
 
 Usage: dsv4 <command> [options]
 
@@ -29,6 +30,9 @@ Commands:
                          memory (faster decode, costs a copy at start); auto reads when the
                          weights take at most half of the available memory (default auto)
       --out F.npy        output: float32 NumPy array [T, vocab]
+      --device D         cpu | cuda (default cpu). cuda needs a dsv4 built with CUDA and a
+                         usable GPU, else exits 1 saying which is missing; its caches are
+                         sized for the T tokens given
 
   make-tiny   Write a random checkpoint at small dimensions that exercises every layer kind
               (window-only, CSA, HCA, hash-routed MoE, MTP).
@@ -59,6 +63,8 @@ Commands:
       --context N        context limit in tokens (default: the model's max positions)
       --chunk C, --threads N   prefill chunk size, worker threads
       --load M           auto | mmap | read (see score)
+      --device D         cpu | cuda (see score); on cuda the caches are sized for --context,
+                         which defaults to min(max positions, 8192) there
       A timing summary (prompt tokens, prefill and decode tok/s) goes to stderr.
 
   chat        Interactive multi-turn chat on stdin/stdout through the chat encoding.
@@ -91,9 +97,11 @@ Commands:
       --gen N            decode steps (default 16)
       --threads N        worker threads (default: all cores)
       --load M           auto | mmap | read (see score)
+      --device D         cpu | cuda (see score). On cuda only prefill and decode tok/s are
+                         measured: the host limits, byte/FLOP counts and roofline ratios are 0
       --json             one JSON object: prefill_tok_s, decode_tok_s, decode_bytes_per_token,
                          mem_bw_gb_s, peak_gflop_s, decode_roofline_ratio,
-                         prefill_roofline_ratio, peak_rss_mb, threads, load, ...
+                         prefill_roofline_ratio, peak_rss_mb, threads, load, device, ...
 
   help, --help, -h       this text
 

@@ -177,6 +177,18 @@ void hadamard_rows(float* x, int64_t rows, int64_t n, int64_t ld, Stream stream 
 // y = a + b elementwise over n floats (y may alias a or b).
 void add(const float* a, const float* b, float* y, int64_t n, Stream stream = nullptr);
 
+// ================================================================ rows (the MoE dispatch, model/cpu_backend.cpp)
+
+// y[r*ldy + c] = x[idx[r]*ldx + c] for r < n, c < cols (idx device int32).
+void gather_rows(const float* x, int64_t ldx, const int32_t* idx, int64_t n, int64_t cols, float* y, int64_t ldy,
+                 Stream stream = nullptr);
+// out[idx[r]*ldo + c] += y[r*ldy + c] for r < n, c < cols; the idx[r] of one call must be
+// distinct (an expert serves a token once). One float add per element, as the CPU's `+=`.
+void scatter_add_rows(const float* y, int64_t ldy, const int32_t* idx, int64_t n, int64_t cols, float* out, int64_t ldo,
+                      Stream stream = nullptr);
+// x[i] *= s for i < n (one float multiply, as the CPU's `v *= s`).
+void scale(float* x, int64_t n, float s, Stream stream = nullptr);
+
 // ================================================================ sampling
 
 // out[r] = index of the largest of x[r*ld .. r*ld + n) (the first one on ties, as the greedy

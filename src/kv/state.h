@@ -2,6 +2,7 @@
 // Per-sequence decoding state: everything a later chunk needs from earlier positions.
 // Starts empty for every sequence (no leakage between prompts).
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "io/config.h"
@@ -34,9 +35,16 @@ struct LayerState {
   size_t bytes() const;  // cache bytes held (window ring, entries, indexer keys, compressor rows)
 };
 
+// State a backend keeps outside the host caches above (the CUDA backend's device buffers).
+struct BackendSequence {
+  virtual ~BackendSequence() = default;
+};
+
+// Move-only: a copy would share (or silently drop) a backend's device state.
 struct SequenceState {
   int64_t pos = 0;  // tokens consumed so far
-  std::vector<LayerState> layers;
+  std::vector<LayerState> layers;          // the CPU backend's caches (empty on other backends)
+  std::unique_ptr<BackendSequence> device; // null on the CPU backend
 };
 
 // Empty state shaped for the model's main layers.

@@ -1,328 +1,63 @@
 #include "model/forward.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <limits>
+#include <string>
 
 #include "core/arena.h"
 #include "core/error.h"
-#include "core/formats.h"
-#include "core/threads.h"
-#include "model/attention.h"
-#include "model/compressor.h"
-#include "model/moe.h"
-#include "model/mhc.h"
 
 namespace dsv4 {
 
-namespace {
+Model::Model(ModelWeights weights) : Model(std::move(weights), make_cpu_backend) {}
 
-// Activations live in the calling thread's arena (core/arena.h), one Scope per layer step and
-// per expert: after the first chunk no step maps fresh memory. zeros() for buffers that are
-// accumulated into or read before being fully written; raw() for outputs written in full.
-using Buf = Floats;
-Buf zeros(int64_t n) { return thread_arena().take(n); }
-Buf raw(int64_t n) { return thread_arena().take(n, /*zero=*/false); }
-
-// Decoded CSA entries held at once for a chunk (floats): 64 MiB.
-constexpr int64_t kMaxDecodedEntryFloats = int64_t{16} << 20;
-
-// fn(t) for t in [0, n) over the pool: for per-token work whose results do not depend on how
-// the tokens are split.
-template <class Fn>
-void for_each_token(int64_t n, Fn&& fn) {
-  thread_pool().parallel_for(n, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) fn(t);
-  });
-}
-
-// Appends n vectors (floats, back to back) to a byte cache in the codec's compact form.
-template <class Codec>
-void append_encoded(const Codec& codec, const std::vector<float>& v, int64_t n, std::vector<uint8_t>& cache) {
-  const size_t at = cache.size(), nb = codec.bytes(), dim = v.size() / static_cast<size_t>(std::max<int64_t>(n, 1));
-  cache.resize(at + static_cast<size_t>(n) * nb);
-  for (int64_t i = 0; i < n; ++i) codec.encode(v.data() + i * dim, cache.data() + at + i * nb);
-}
-
-}  // namespace
-
-Model::Model(ModelWeights weights) : w_(std::move(weights)) {
-  const ModelConfig& c = w_.cfg;
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    bool compressed = c.ratio(l) > 0;
-    rope_.push_back(make_rope(c.rope_dim, compressed ? c.compress_rope_theta : c.rope_theta, compressed, c.yarn_factor,
-                              c.yarn_original, c.yarn_beta_fast, c.yarn_beta_slow));
-  }
-}
+Model::Model(ModelWeights weights, const MakeBackend& make)
+    : w_(std::make_unique<ModelWeights>(std::move(weights))), backend_(make(*w_)) {}
 
 void Model::forward(SequenceState& st, const int32_t* tokens, int64_t T, float* logits, Logits which) const {
-  const ModelConfig& c = w_.cfg;
-  const int64_t D = c.dim, hc = c.hc;
+  const ModelConfig& c = w_->cfg;
   if (T <= 0) return;
   for (int64_t t = 0; t < T; ++t)
     if (tokens[t] < 0 || tokens[t] >= c.vocab)
       throw Error("token id " + std::to_string(tokens[t]) + " at index " + std::to_string(t) + " is outside the vocabulary [0, " +
                   std::to_string(c.vocab) + ")");
-  if (static_cast<int64_t>(st.layers.size()) != c.n_layers) throw Error("sequence state does not belong to this model");
-  const int64_t p0 = st.pos;
-  Arena::Scope scope(thread_arena());
-
-  Buf X = raw(T * hc * D);
-  std::vector<float> e(static_cast<size_t>(D));
-  for (int64_t t = 0; t < T; ++t) {
-    dequant_row(w_.embed, tokens[t], e.data());
-    for (int64_t i = 0; i < hc; ++i) std::copy(e.begin(), e.end(), X.begin() + (t * hc + i) * D);
+  // A backend with a fixed workspace takes a long chunk in pieces (the pass is chunk-invariant).
+  const int64_t cap = backend_->max_chunk();
+  if (cap <= 0 || T <= cap) return step(st, tokens, T, logits, which);
+  for (int64_t t0 = 0; t0 < T; t0 += cap) {
+    const int64_t n = std::min(cap, T - t0);
+    float* out = nullptr;
+    if (logits && which == Logits::All) out = logits + t0 * c.vocab;
+    if (logits && which == Logits::Last && t0 + n == T) out = logits;
+    step(st, tokens + t0, n, out, which);
   }
-  for (int64_t l = 0; l < c.n_layers; ++l) block(l, w_.layers[l], st.layers[l], X.data(), tokens, T, p0);
+}
+
+void Model::step(SequenceState& st, const int32_t* tokens, int64_t T, float* logits, Logits which) const {
+  Backend& be = *backend_;
+  using Sub = Backend::Sub;
+  // Host temporaries of the step (all of the CPU backend's activations) are given back here.
+  Arena::Scope scope(thread_arena());
+  Backend::Step s = be.begin(st, tokens, T);
+  for (int64_t l = 0; l < w_->cfg.n_layers; ++l) {
+    be.hc_pre(l, Sub::Attn, s);
+    be.norm(l, Sub::Attn, s);
+    be.attention(l, st, s);
+    be.hc_post(s);
+
+    be.hc_pre(l, Sub::Ffn, s);
+    be.norm(l, Sub::Ffn, s);
+    be.moe(l, s);
+    be.hc_post(s);
+  }
   st.pos += T;
   if (!logits) return;
 
-  // hc_head: collapse the hc copies with sigmoid weights, then final norm and the head; only
-  // for the tokens whose logits are wanted.
+  // hc_head collapses the hc copies, then the final norm and the head; only for the tokens
+  // whose logits are wanted.
   const int64_t t0 = which == Logits::Last ? T - 1 : 0, nt = T - t0;
-  Buf y = zeros(nt * D), mixes = raw(nt * hc);
-  const int64_t n = hc * D;
-  const float* Xo = X.data() + t0 * n;
-  matmul(f32_weight(w_.hc_head.fn.data(), hc, n), Xo, nt, mixes.data());
-  for_each_token(nt, [&](int64_t t) {
-    const float* xf = Xo + t * n;
-    const float rs = inv_rms(xf, n, c.eps);
-    for (int64_t i = 0; i < hc; ++i) {
-      float p = sigmoid(mixes[t * hc + i] * rs * w_.hc_head.scale[0] + w_.hc_head.base[i]) + static_cast<float>(c.hc_eps);
-      for (int64_t d = 0; d < D; ++d) y[t * D + d] += p * xf[i * D + d];
-    }
-    rmsnorm(y.data() + t * D, w_.norm.data(), D, c.eps, y.data() + t * D);
-  });
-  matmul(w_.head, y.data(), nt, logits);
-}
-
-void Model::block(int64_t l, const LayerW& L, LayerState& ls, float* X, const int32_t* tokens, int64_t T, int64_t p0) const {
-  const ModelConfig& c = w_.cfg;
-  const int64_t D = c.dim, hc = c.hc;
-  Arena::Scope scope(thread_arena());
-  Buf x = raw(T * D), post = raw(T * hc), comb = raw(T * hc * hc), f = zeros(T * D);
-
-  hc_pre(c, L.hc_attn, X, T, x.data(), post.data(), comb.data());
-  for_each_token(T, [&](int64_t t) { rmsnorm(x.data() + t * D, L.attn_norm.data(), D, c.eps, x.data() + t * D); });
-  attention(L, rope_[l], ls, x.data(), T, p0, f.data());
-  hc_post(c, f.data(), post.data(), comb.data(), X, T);
-
-  hc_pre(c, L.hc_ffn, X, T, x.data(), post.data(), comb.data());
-  for_each_token(T, [&](int64_t t) { rmsnorm(x.data() + t * D, L.ffn_norm.data(), D, c.eps, x.data() + t * D); });
-  std::fill(f.begin(), f.end(), 0.0f);
-  moe(L, x.data(), tokens, T, f.data());
-  hc_post(c, f.data(), post.data(), comb.data(), X, T);
-}
-
-void Model::attention(const LayerW& L, const RopeTable& rope, LayerState& ls, const float* x, int64_t T, int64_t p0, float* out) const {
-  const ModelConfig& c = w_.cfg;
-  const AttentionW& A = L.attn;
-  const int64_t H = c.n_heads, d = c.head_dim, W = c.window, Qr = c.q_lora, r = c.rope_dim;
-  const float eps = static_cast<float>(c.eps);
-
-  // Queries: low-rank path, unweighted per-head norm, RoPE.
-  Arena::Scope scope(thread_arena());
-  Buf qr = raw(T * Qr), q = raw(T * H * d), kv = raw(T * d);
-  matmul(A.wq_a, x, T, qr.data());
-  for_each_token(T, [&](int64_t t) { rmsnorm(qr.data() + t * Qr, A.q_norm.data(), Qr, eps, qr.data() + t * Qr); });
-  matmul(A.wq_b, qr.data(), T, q.data());
-  std::vector<RopeTable::At> rot(static_cast<size_t>(T));  // per token of the chunk, shared by every head and vector
-  for_each_token(T, [&](int64_t t) {
-    rot[t] = rope.at(p0 + t);
-    for (int64_t h = 0; h < H; ++h) {
-      float* qh = q.data() + (t * H + h) * d;
-      rmsnorm(qh, nullptr, d, eps, qh);
-      rot[t].apply(qh, d);
-    }
-  });
-  // The single KV head: norm, RoPE, FP8 simulation of the non-rope part.
-  matmul(A.wkv, x, T, kv.data());
-  for_each_token(T, [&](int64_t t) {
-    float* k = kv.data() + t * d;
-    rmsnorm(k, A.kv_norm.data(), d, eps, k);
-    rot[t].apply(k, d);
-    fp8sim(k, static_cast<size_t>(d - r), 64);
-  });
-
-  // Compressed entries for blocks closing in this chunk (visible to later queries of the chunk).
-  const int64_t ratio = L.ratio;
-  if (ratio > 0) {
-    std::vector<float> fresh;
-    const int64_t added = compress(c, *A.comp, ls.comp, rope, x, T, p0, false, fresh);
-    append_encoded(ls.kv, fresh, added, ls.entries);
-    if (ratio == 4) {
-      fresh.clear();
-      const int64_t added_i = compress(c, A.indexer->comp, ls.index_comp, rope, x, T, p0, true, fresh);
-      if (added_i != added) throw Error("internal: indexer and main compressor disagree");
-      append_encoded(ls.index, fresh, added, ls.index_keys);
-    }
-    ls.n_entries += added;
-  }
-
-  // Indexer queries and head weights (ratio 4 only).
-  const int64_t HI = c.index_heads, dI = c.index_dim;
-  Buf qi, wi;
-  if (ratio == 4) {
-    const IndexerW& ix = *A.indexer;
-    qi = raw(T * HI * dI);
-    wi = raw(T * HI);
-    matmul(ix.wq_b, qr.data(), T, qi.data());
-    for_each_token(T, [&](int64_t t) {
-      for (int64_t h = 0; h < HI; ++h) {
-        float* v = qi.data() + (t * HI + h) * dI;
-        rot[t].apply(v, dI);
-        hadamard(v, dI);
-        fp4sim(v, static_cast<size_t>(dI), 32);
-      }
-    });
-    matmul(ix.weights_proj, x, T, wi.data());
-    const float ws = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dI)) / std::sqrt(static_cast<double>(HI)));
-    for (float& v : wi) v *= ws;
-  }
-
-  // Cached vectors decoded once per chunk where every query reads them: the window ring (only
-  // positions before the chunk), all entries of a plain-compressed layer, all indexer keys.
-  const size_t kvb = ls.kv.bytes();
-  const int64_t ring_n = std::min(W, p0);
-  Buf ring = zeros(W * d);
-  for (int64_t j = p0 - ring_n; j < p0; ++j) ls.kv.decode(ls.window_kv.data() + (j % W) * kvb, ring.data() + (j % W) * d);
-  // CSA entries too when a chunk has many queries (each reads up to top-k of them) and they are
-  // few enough to hold decoded; else each query decodes the ones it selected.
-  Buf ent, ikeys;
-  const bool all_entries = ratio > 0 && (ratio != 4 || (T > 1 && ls.n_entries * d <= kMaxDecodedEntryFloats));
-  if (all_entries) {
-    ent = raw(ls.n_entries * d);
-    for_each_token(ls.n_entries, [&](int64_t bb) { ls.kv.decode(ls.entries.data() + bb * kvb, ent.data() + bb * d); });
-  }
-  if (ratio == 4) {
-    ikeys = raw(ls.n_entries * dI);
-    for_each_token(ls.n_entries, [&](int64_t bb) { ls.index.decode(ls.index_keys.data() + bb * ls.index.bytes(), ikeys.data() + bb * dI); });
-  }
-
-  Buf o = raw(T * H * d);  // attend_scores writes every query's heads
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  // Each query attends over its own keys in its own order: the window (chunk or ring), then the
-  // visible compressed entries (CSA: in the indexer's top-k order). The scores of a block of
-  // kQueryBlock queries are one product against the union of their keys (the block's queries as
-  // the F32 weight, the keys as tokens: each score is the same canonical dot either way round),
-  // then every query takes its softmax and weighted sum over its own keys.
-  constexpr int64_t kQueryBlock = 16;
-  std::vector<float> uk, sc, p, keys;
-  std::vector<std::vector<int32_t>> top;
-  std::vector<int32_t> uni, slot(static_cast<size_t>(std::max<int64_t>(ls.n_entries, 1)), -1);
-  const float* ent_src = all_entries || ratio != 4 ? ent.data() : nullptr;
-  for (int64_t t0 = 0; t0 < T; t0 += kQueryBlock) {
-    const int64_t B = std::min(kQueryBlock, T - t0), BH = B * H;
-    const int64_t pos0 = p0 + t0, last = pos0 + B - 1;
-    const int64_t first0 = std::max<int64_t>(0, pos0 - W + 1), nwin = last - first0 + 1;
-    top.assign(static_cast<size_t>(B), {});
-    uni.clear();
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t vis = ratio > 0 ? (pos0 + b + 1) / ratio : 0;  // entries whose block has closed
-      if (ratio == 4) {
-        top[b] = indexer_topk(qi.data() + (t0 + b) * HI * dI, wi.data() + (t0 + b) * HI, ikeys.data(), vis, HI, dI, c.index_topk);
-      } else {
-        top[b].resize(static_cast<size_t>(vis));
-        for (int64_t i = 0; i < vis; ++i) top[b][i] = static_cast<int32_t>(i);
-      }
-      uni.insert(uni.end(), top[b].begin(), top[b].end());
-    }
-    // A block of one query (decode) keeps its own order, so its keys are the union as built.
-    if (B > 1) {
-      std::sort(uni.begin(), uni.end());
-      uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
-    }
-    // The union's keys: the block's window positions, then its entries.
-    const int64_t nu = nwin + static_cast<int64_t>(uni.size());
-    uk.resize(static_cast<size_t>(nu * d));
-    float* kp = uk.data();
-    for (int64_t j = first0; j <= last; ++j, kp += d) {
-      const float* src = j >= p0 ? kv.data() + (j - p0) * d : ring.data() + (j % W) * d;
-      std::copy(src, src + d, kp);
-    }
-    for (size_t u = 0; u < uni.size(); ++u, kp += d) {
-      slot[uni[u]] = static_cast<int32_t>(nwin + static_cast<int64_t>(u));
-      if (ent_src != nullptr) {
-        std::copy(ent_src + uni[u] * d, ent_src + (uni[u] + 1) * d, kp);
-      } else {
-        ls.kv.decode(ls.entries.data() + uni[u] * kvb, kp);
-      }
-    }
-    // sc[u * BH + b*H + h] = q_{b,h} . key_u
-    sc.resize(static_cast<size_t>(nu * BH));
-    query_key_scores(q.data() + t0 * H * d, BH, uk.data(), nu, d, sc.data());
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t pos = pos0 + b, first = std::max<int64_t>(0, pos - W + 1);
-      const int64_t n = pos - first + 1 + static_cast<int64_t>(top[b].size());
-      // Its keys in its order: the union itself for a block of one, else gathered.
-      const bool own = B == 1;
-      p.resize(static_cast<size_t>(H * n));
-      if (!own) keys.resize(static_cast<size_t>(n * d));
-      int64_t j = 0;
-      auto take = [&](int64_t u) {
-        for (int64_t h = 0; h < H; ++h) p[h * n + j] = sc[u * BH + b * H + h];
-        if (!own) std::copy(uk.data() + u * d, uk.data() + (u + 1) * d, keys.data() + j * d);
-        ++j;
-      };
-      for (int64_t k = first; k <= pos; ++k) take(k - first0);
-      for (int32_t e : top[b]) take(slot[e]);
-      count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));  // this query's scores
-      attend_scores(p.data(), H, own ? uk.data() : keys.data(), n, d, A.sink.data(), scale, o.data() + (t0 + b) * H * d);
-    }
-  }
-  for_each_token(T, [&](int64_t t) {
-    for (int64_t h = 0; h < H; ++h) rot[t].apply(o.data() + (t * H + h) * d, d, /*inverse=*/true);
-  });
-
-  // The window ring keeps the last W positions for later chunks.
-  for (int64_t t = std::max<int64_t>(0, T - W); t < T; ++t) ls.kv.encode(kv.data() + t * d, ls.window_kv.data() + ((p0 + t) % W) * kvb);
-
-  // Grouped low-rank output projection.
-  const int64_t G = c.o_groups, Ro = c.o_lora, gw = H * d / G;
-  Buf z = raw(T * G * Ro);  // each group writes its Ro columns
-  for (int64_t g = 0; g < G; ++g) matmul(A.wo_a, g * Ro, (g + 1) * Ro, o.data() + g * gw, H * d, T, z.data() + g * Ro, G * Ro);
-  matmul(A.wo_b, z.data(), T, out);
-}
-
-void Model::moe(const LayerW& L, const float* x, const int32_t* tokens, int64_t T, float* out) const {
-  const ModelConfig& c = w_.cfg;
-  const MoEW& F = L.ffn;
-  const int64_t D = c.dim, E = c.n_experts, k = c.n_active, I = c.moe_inter;
-  const float lim = static_cast<float>(c.swiglu_limit);
-
-  Arena::Scope scope(thread_arena());
-  Buf logits = raw(T * E);
-  matmul(F.gate, x, T, logits.data());
-  // Routing: per expert, the tokens it serves and their weights.
-  std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
-  std::vector<int32_t> ids(static_cast<size_t>(k));
-  std::vector<float> wts(static_cast<size_t>(k));
-  for (int64_t t = 0; t < T; ++t) {
-    route_token(logits.data() + t * E, E, k, L.hash ? nullptr : F.bias.data(), L.hash ? F.tid2eid.data() + tokens[t] * k : nullptr,
-                c.route_scale, ids.data(), wts.data());
-    for (int64_t j = 0; j < k; ++j) routed[ids[j]].push_back({t, wts[j]});
-  }
-
-  auto run_expert = [&](const ExpertW& ew, const std::vector<std::pair<int64_t, float>>& toks) {
-    const int64_t n = static_cast<int64_t>(toks.size());
-    if (n == 0) return;
-    Arena::Scope expert_scope(thread_arena());
-    Buf xs = raw(n * D), g = raw(n * I), u = raw(n * I), y = raw(n * D);
-    for_each_token(n, [&](int64_t i) { std::copy(x + toks[i].first * D, x + (toks[i].first + 1) * D, xs.begin() + i * D); });
-    matmul(ew.w1, xs.data(), n, g.data());
-    matmul(ew.w3, xs.data(), n, u.data());
-    for_each_token(n, [&](int64_t i) { swiglu_clamped(g.data() + i * I, u.data() + i * I, I, lim, toks[i].second); });
-    matmul(ew.w2, g.data(), n, y.data());
-    // An expert serves each token at most once: rows of out are distinct.
-    for_each_token(n, [&](int64_t i) {
-      for (int64_t dd = 0; dd < D; ++dd) out[toks[i].first * D + dd] += y[i * D + dd];
-    });
-  };
-  for (int64_t e = 0; e < E; ++e) run_expert(F.experts[e], routed[e]);
-  std::vector<std::pair<int64_t, float>> all;
-  for (int64_t t = 0; t < T; ++t) all.push_back({t, 1.0f});
-  run_expert(F.shared, all);
+  be.hc_head(s, t0, nt);
+  be.final_norm(s, nt);
+  be.logits(s, nt, logits);
 }
 
 }  // namespace dsv4

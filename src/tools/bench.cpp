@@ -49,12 +49,16 @@ BenchResult run_bench(const BenchOptions& o) {
   r.gen = o.gen;
   r.isa = isa_name(active_isa());
 
-  std::fprintf(stderr, "bench: measuring memory bandwidth and FMA peak (%d threads, %s)...\n", r.threads, r.isa.c_str());
-  r.mem_bw_gb_s = measure_read_bandwidth(size_t{1} << 30, 5);
-  r.peak_gflop_s = measure_peak_gflops(5);
+  r.device = o.device;
+  const bool cpu = !o.make_model;
+  if (cpu) {
+    std::fprintf(stderr, "bench: measuring memory bandwidth and FMA peak (%d threads, %s)...\n", r.threads, r.isa.c_str());
+    r.mem_bw_gb_s = measure_read_bandwidth(size_t{1} << 30, 5);
+    r.peak_gflop_s = measure_peak_gflops(5);
+  }
   reset_peak_rss();
 
-  Model model(load_model(o.model_dir, o.load));
+  Model model = cpu ? Model(load_model(o.model_dir, o.load)) : o.make_model(load_model(o.model_dir, o.load));
   r.load = load_mode_name(model.weights().store.load_mode());
   const ModelConfig& c = model.config();
   for (const auto& f : model.weights().store.files()) r.mapped_weights_mb += static_cast<double>(f->file_size()) / (1024.0 * 1024.0);
@@ -91,6 +95,10 @@ BenchResult run_bench(const BenchOptions& o) {
   r.decode_tok_s = static_cast<double>(o.gen) / decode_s;
   r.decode_bytes_per_token = static_cast<double>(after.weight_bytes - mid.weight_bytes) / static_cast<double>(o.gen);
   r.peak_rss_mb = peak_rss_mb();
+  if (!cpu) {  // the counters saw no matmul and the host limits say nothing about the device
+    r.decode_bytes_per_token = r.prefill_flops_per_token = 0;
+    return r;
+  }
   // This machine's bandwidth varies with what its neighbours do; the limit is the best seen,
   // so measure again after the run (the ratios use the larger figures: conservative).
   std::fprintf(stderr, "bench: measuring the limits again...\n");
@@ -107,15 +115,26 @@ std::string bench_json(const BenchResult& r) {
                 "{\"prefill_tok_s\": %.4g, \"decode_tok_s\": %.4g, \"decode_bytes_per_token\": %.6g, "
                 "\"mem_bw_gb_s\": %.4g, \"peak_gflop_s\": %.4g, \"decode_roofline_ratio\": %.4f, "
                 "\"prefill_roofline_ratio\": %.4f, \"peak_rss_mb\": %.1f, \"mapped_weights_mb\": %.1f, \"threads\": %d, "
-                "\"prompt_len\": %lld, \"gen\": %lld, \"prefill_flops_per_token\": %.6g, \"isa\": \"%s\", \"load\": \"%s\"}",
+                "\"prompt_len\": %lld, \"gen\": %lld, \"prefill_flops_per_token\": %.6g, \"isa\": \"%s\", \"load\": \"%s\", "
+                "\"device\": \"%s\"}",
                 r.prefill_tok_s, r.decode_tok_s, r.decode_bytes_per_token, r.mem_bw_gb_s, r.peak_gflop_s, r.decode_roofline_ratio,
                 r.prefill_roofline_ratio, r.peak_rss_mb, r.mapped_weights_mb, r.threads, static_cast<long long>(r.prompt_len),
-                static_cast<long long>(r.gen), r.prefill_flops_per_token, r.isa.c_str(), r.load.c_str());
+                static_cast<long long>(r.gen), r.prefill_flops_per_token, r.isa.c_str(), r.load.c_str(), r.device.c_str());
   return buf;
 }
 
 std::string bench_table(const BenchResult& r) {
   char buf[2048];
+  if (r.device != "cpu") {
+    std::snprintf(buf, sizeof buf,
+                  "device %s, weights loaded by %s (host limits and roofline ratios: not measured for this device)\n"
+                  "prefill   %5lld tokens   %8.2f tok/s\n"
+                  "decode    %5lld tokens   %8.2f tok/s\n"
+                  "memory    host peak RSS %.0f MB, weights %.0f MB\n",
+                  r.device.c_str(), r.load.c_str(), static_cast<long long>(r.prompt_len), r.prefill_tok_s,
+                  static_cast<long long>(r.gen), r.decode_tok_s, r.peak_rss_mb, r.mapped_weights_mb);
+    return buf;
+  }
   std::snprintf(buf, sizeof buf,
                 "threads %d, isa %s, weights loaded by %s\n"
                 "machine   read bandwidth %8.1f GB/s     FMA peak %8.1f GFLOP/s\n"

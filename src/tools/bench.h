@@ -2,9 +2,11 @@
 // `dsv4 bench`: prefill and decode speed of a model on this machine, reported against the
 // memory-bandwidth and FMA limits measured in the same run.
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "io/safetensors.h"
+#include "model/forward.h"
 
 namespace dsv4 {
 
@@ -15,6 +17,11 @@ struct BenchOptions {
   int threads = 0;
   bool json = false;
   LoadMode load = LoadMode::Auto;
+  // Another device than the CPU: its name and how to build the Model on it. On such a device
+  // the host's bandwidth / FMA limits and the CPU matmul counters do not apply: those fields
+  // (and the roofline ratios) stay 0.
+  std::string device = "cpu";
+  std::function<Model(ModelWeights)> make_model;
 };
 
 struct BenchResult {
@@ -28,6 +35,7 @@ struct BenchResult {
   double peak_rss_mb = 0, mapped_weights_mb = 0;
   std::string isa;
   std::string load;  // how the weights were loaded: mmap | read
+  std::string device = "cpu";
 };
 
 BenchResult run_bench(const BenchOptions& o);
