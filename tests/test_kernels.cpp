@@ -360,3 +360,54 @@ TEST(Kernels, IsasAgree) {
     }
   }
 }
+
+// qmatmul_batch gives every job exactly qmatmul's result (same bits), for mixed formats, jobs
+// that share x (one packing) or not, row sub-ranges, empty jobs, and T on both paths.
+TEST(Kernels, BatchEqualsSingleCalls) {
+  std::vector<OwnedWeight> ws;
+  uint32_t seed = 900;
+  for (WFormat f : kAllFormats) {
+    const bool fp4 = f == WFormat::MXFP4 || f == WFormat::NVFP4;
+    ws.push_back(make_weight(f, 300, fp4 ? 640 : 601, seed++));
+    ws.push_back(make_weight(f, 37, fp4 ? 2340 : 2339, seed++));
+  }
+  const int64_t maxc = 2340, NT = 30;
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> xa(static_cast<size_t>(NT * (maxc + 5))), xb(xa.size());
+  for (float& v : xa) v = d(g);
+  for (float& v : xb) v = d(g);
+  for (Isa isa : {Isa::Scalar, Isa::AVX2, Isa::AVX512}) {
+    if (!isa_supported(isa)) continue;
+    IsaGuard guard(isa);
+    for (int64_t T : {1, 2, 3, 5, 17, 24, 30}) {
+      std::vector<MatmulJob> jobs;
+      std::vector<std::vector<float>> ys;
+      for (size_t k = 0; k < ws.size(); ++k) {
+        const QWeight& w = ws[k].w;
+        for (int rep = 0; rep < 2; ++rep) {
+          MatmulJob j;
+          j.w = &w;
+          j.r0 = rep == 0 ? 0 : w.rows / 3;
+          j.r1 = rep == 0 ? w.rows : (k % 5 == 0 ? j.r0 : w.rows - 1);  // some empty
+          j.x = (k + rep) % 3 == 0 ? xb.data() : xa.data();             // shared or not
+          j.ldx = (k % 2 == 0) ? maxc + 5 : w.cols;
+          j.ldy = (j.r1 - j.r0) + 3;
+          ys.emplace_back(static_cast<size_t>(T * j.ldy), kSentinel);
+          jobs.push_back(j);
+        }
+      }
+      for (size_t i = 0; i < jobs.size(); ++i) jobs[i].y = ys[i].data();
+      qmatmul_batch(jobs.data(), static_cast<int64_t>(jobs.size()), T);
+      int bad = 0;
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        const MatmulJob& j = jobs[i];
+        std::vector<float> want(ys[i].size(), kSentinel);
+        qmatmul(*j.w, j.r0, j.r1, j.x, j.ldx, T, want.data(), j.ldy);
+        if (std::memcmp(want.data(), ys[i].data(), sizeof(float) * want.size()) != 0 && bad++ < 5)
+          ADD_FAILURE() << isa_name(isa) << " T=" << T << " job " << i << " (" << wformat_name(j.w->fmt) << " "
+                        << j.w->rows << "x" << j.w->cols << " rows [" << j.r0 << "," << j.r1 << "))";
+      }
+    }
+  }
+}
