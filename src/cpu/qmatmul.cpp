@@ -199,10 +199,8 @@ int qmatmul_fused_max_tokens() { return qmm::fused_max_for(active_isa()); }
 
 void qmatmul_release_scratch() { qmm::release_scratch(); }
 
-namespace {
-
-// Throws for arguments qmatmul cannot run.
-void validate(const QWeight& w, int64_t r0, int64_t r1, int64_t T) {
+void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
+             int64_t ldy) {
   if (w.empty()) throw Error("qmatmul: weight '" + w.name + "' has no data");
   if (r0 < 0 || r1 > w.rows || r0 > r1) {
     throw Error("qmatmul: rows [" + std::to_string(r0) + ", " + std::to_string(r1) + ") out of range for '" +
@@ -212,13 +210,6 @@ void validate(const QWeight& w, int64_t r0, int64_t r1, int64_t T) {
   if ((w.fmt == WFormat::MXFP4 || w.fmt == WFormat::NVFP4) && w.cols % 2 != 0) {
     throw Error("qmatmul: FP4 weight '" + w.name + "' has odd cols " + std::to_string(w.cols));
   }
-}
-
-}  // namespace
-
-void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
-             int64_t ldy) {
-  validate(w, r0, r1, T);
   if (T == 0 || r0 == r1) return;
   if (w.cols == 0) {  // empty sums
     for (int64_t t = 0; t < T; ++t) std::fill(y + t * ldy, y + t * ldy + (r1 - r0), 0.0f);
@@ -249,33 +240,6 @@ void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t l
     case Isa::AVX512: return qmm::run_avx512(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa));
     case Isa::AVX2: return qmm::run_avx2(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa));
     case Isa::Scalar: return qmm::run_scalar(w, r0, r1, x, ldx, T, y, ldy);
-  }
-}
-
-void qmatmul_batch(const MatmulJob* jobs, int64_t n, int64_t T) {
-  for (int64_t j = 0; j < n; ++j) {
-    if (jobs[j].w == nullptr) throw Error("qmatmul_batch: job " + std::to_string(j) + " has no weight");
-    validate(*jobs[j].w, jobs[j].r0, jobs[j].r1, T);
-  }
-  if (T <= 0) return;
-  const Isa isa = active_isa();
-  const bool fused = T <= qmm::fused_max_for(isa) && isa != Isa::Scalar;
-  // Jobs the batch kernel takes: non-empty products on the fused path. The rest (and every job
-  // at large T, where each product is heavy enough on its own) go through qmatmul.
-  std::vector<MatmulJob> small;
-  for (int64_t j = 0; j < n; ++j) {
-    const MatmulJob& jb = jobs[j];
-    if (fused && jb.r0 < jb.r1 && jb.w->cols > 0) {
-      small.push_back(jb);
-    } else {
-      qmatmul(*jb.w, jb.r0, jb.r1, jb.x, jb.ldx, T, jb.y, jb.ldy);
-    }
-  }
-  if (small.empty()) return;
-  if (isa == Isa::AVX512) {
-    qmm::batch_avx512(small.data(), static_cast<int64_t>(small.size()), T);
-  } else {
-    qmm::batch_avx2(small.data(), static_cast<int64_t>(small.size()), T);
   }
 }
 

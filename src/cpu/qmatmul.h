@@ -52,23 +52,6 @@ int qmatmul_fused_max_tokens();
 void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
              int64_t ldy);
 
-// One product of a batch: y[t*ldy + (r - r0)] = W[r, :] . x[t*ldx, :] for r in [r0, r1).
-struct MatmulJob {
-  const QWeight* w = nullptr;
-  int64_t r0 = 0, r1 = 0;
-  const float* x = nullptr;
-  int64_t ldx = 0;
-  float* y = nullptr;
-  int64_t ldy = 0;
-};
-
-// Independent products with the same T (outputs must not overlap), each with qmatmul's exact
-// results, run as one pool job when T is small: the rows of all of them are handed out together,
-// so many small matrices (a token's routed experts) stream like one large one instead of paying
-// a dispatch, cold stream starts and a straggler's tail each; jobs with the same x and weight
-// layout share one packing of x. Large T runs the jobs one after another.
-void qmatmul_batch(const MatmulJob* jobs, int64_t n, int64_t T);
-
 // qmatmul keeps per-thread scratch between calls; the calling thread's holds the packed
 // activations (T * cols floats, so as large as x after a big prefill). This frees the calling
 // thread's scratch; the next call reallocates.

@@ -10,8 +10,6 @@
 #pragma GCC diagnostic pop
 
 #include <algorithm>
-#include <type_traits>
-#include <vector>
 #include <bit>
 #include <cstring>
 #include <type_traits>
@@ -272,10 +270,6 @@ struct GemmShape {
 void run_avx2(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
               int64_t ldy, int fused_max_t) {
   run_any<DecF32, DecBF16, DecF16, DecFP8, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
-}
-
-void batch_avx2(const MatmulJob* jobs, int64_t n, int64_t T) {
-  run_batch<DecF32, DecBF16, DecF16, DecFP8, DecMX, DecNV>(jobs, n, T);
 }
 
 }  // namespace dsv4::qmm

@@ -5,7 +5,6 @@
 #include <cstdint>
 
 #include "core/weight.h"
-#include "cpu/qmatmul.h"
 
 namespace dsv4::qmm {
 
@@ -17,10 +16,6 @@ void run_avx2(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t 
               int64_t ldy, int fused_max_t);
 void run_avx512(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
                 int64_t ldy, int fused_max_t);
-
-// One ISA's small-T batch (qmatmul_batch): jobs validated, T <= fused_max_t.
-void batch_avx2(const MatmulJob* jobs, int64_t n, int64_t T);
-void batch_avx512(const MatmulJob* jobs, int64_t n, int64_t T);
 
 // Per-thread, 64-byte aligned scratch that grows on demand and lives until the thread exits.
 // Distinct slots may be held at once; the calling thread owns kSlotX for the packed activations

@@ -36,16 +36,6 @@ void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ld
   qmatmul(w, r0, r1, x, ldx, T, y, ldy);  // fused dequantise + dot, ISA dispatched (cpu/qmatmul.h)
 }
 
-void matmul_batch(const MatmulJob* jobs, int64_t n, int64_t T) {
-  for (int64_t j = 0; j < n; ++j) {
-    const QWeight& w = *jobs[j].w;
-    g_weight_bytes += static_cast<uint64_t>(static_cast<double>(w.stored_bytes()) * static_cast<double>(jobs[j].r1 - jobs[j].r0) /
-                                            static_cast<double>(w.rows));
-    g_flops += static_cast<uint64_t>(2 * (jobs[j].r1 - jobs[j].r0) * w.cols * T);
-  }
-  qmatmul_batch(jobs, n, T);
-}
-
 QWeight f32_weight(const float* data, int64_t rows, int64_t cols) {
   QWeight w;
   w.fmt = WFormat::F32;

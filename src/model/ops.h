@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "core/weight.h"
-#include "cpu/qmatmul.h"
 
 namespace dsv4 {
 
@@ -14,10 +13,6 @@ namespace dsv4 {
 void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy);
 // Whole weight, dense output [T, rows].
 void matmul(const QWeight& w, const float* x, int64_t T, float* y);
-
-// Several independent products with the same T at once (qmatmul_batch: the same results as one
-// matmul each; at small T the rows of all of them are balanced over the pool together).
-void matmul_batch(const MatmulJob* jobs, int64_t n, int64_t T);
 
 // A float32 matrix [rows, cols] in memory, viewed as a weight (mHC mixers, cached keys).
 QWeight f32_weight(const float* data, int64_t rows, int64_t cols);
