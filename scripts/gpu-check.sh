@@ -123,6 +123,20 @@ if "$DSV4" --help 2>/dev/null | grep -- "--device" >/dev/null; then  # grep read
     steps+=("cli.golden NotRun")
     step_failed=1
   fi
+  # Issue 5 asks for a clean compute-sanitizer memcheck of one full score run.
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [ -n "$san" ]; then
+    echo "== compute-sanitizer memcheck: dsv4 score --device cuda (tiny-native)"
+    case=tests/data/golden/tiny-native
+    toks=$(tr -d ' \n' < "$case/tokens.txt")
+    record "memcheck.score.tiny-native" "$san" --tool memcheck --error-exitcode 1 --leak-check full \
+      "$DSV4" score --device cuda --model "$case/model" --tokens "$toks" --prefill 16 --chunk 7 \
+      --out "$BUILD/gpu-memcheck.npy"
+  else
+    echo "gpu-check: compute-sanitizer not found: memcheck skipped" >&2
+    steps+=("memcheck NotRun")
+    step_failed=1
+  fi
   echo "== bench --device cuda"
   for m in tests/data/golden/tiny-native/model ../shared/golden/small-native/model ${DSV4_GPU_BENCH_MODEL:-}; do
     [ -f "$m/config.json" ] || continue
