@@ -163,7 +163,8 @@ void run_isa_invariance(Isa isa) {
     // Long rows (several K chunks, partial last group), FP8 scale blocks crossed by row tiles,
     // many rows (whole 128-row blocks and full token blocks on each of two threads), and a
     // small shape.
-    const Shape shapes[] = {{150, fp4 ? 2340 : 2339}, {300, fp4 ? 640 : 601}, {37, 100}};
+    // Rows longer than 4096 columns decode half-height GEMM panels (kPanelBytes).
+    const Shape shapes[] = {{150, fp4 ? 2340 : 2339}, {300, fp4 ? 640 : 601}, {37, 100}, {70, fp4 ? 4226 : 4229}};
     for (const Shape& s : shapes) {
       const OwnedWeight o = make_weight(f, s.rows, s.cols, seed++);
       constexpr int64_t NT = 100;
