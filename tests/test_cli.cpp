@@ -236,6 +236,34 @@ TEST(Cli, BenchJsonHasEveryField) {
   EXPECT_GT(j.at("decode_bytes_per_token").get<double>(), 1e6);
 }
 
+// --profile: per phase, the time inside matmul by weight and shape, and the rest; the rows
+// account for every matmul (their weight bytes sum to the decode bytes per token).
+TEST(Cli, BenchProfileAccountsForEveryMatmul) {
+  CommandResult r = run_command(std::string(DSV4_BIN) + " bench --model " + tiny() +
+                                "/model --prompt-len 16 --gen 4 --threads 2 --json --profile 2>/dev/null");
+  ASSERT_EQ(r.status, 0);
+  nlohmann::json j = nlohmann::json::parse(r.output);
+  const nlohmann::json& p = j.at("profile");
+  for (const char* phase : {"prefill", "decode"}) {
+    const nlohmann::json& rows = p.at(phase).at("matmul");
+    ASSERT_GT(rows.size(), 3u) << phase;
+    double ms = 0;
+    for (const auto& row : rows) {
+      EXPECT_GT(row.at("calls").get<int64_t>(), 0);
+      EXPECT_GT(row.at("gflop_s").get<double>(), 0.0);
+      ms += row.at("ms").get<double>();
+    }
+    EXPECT_GT(ms, 0.0);
+    EXPECT_GE(p.at(phase).at("other_ms").get<double>(), 0.0) << phase;
+  }
+  // Decode: GB/s x ms of every row = the weight bytes of all steps.
+  double bytes = 0;
+  for (const auto& row : p.at("decode").at("matmul")) bytes += row.at("gb_s").get<double>() * row.at("ms").get<double>() * 1e6;
+  EXPECT_NEAR(bytes / 4, j.at("decode_bytes_per_token").get<double>(), 1e-2 * bytes / 4);  // 4 digits in JSON
+  // Not with another device (usage error or, without one, the device's own error: never 0).
+  EXPECT_NE(run_command(std::string(DSV4_BIN) + " bench --model " + tiny() + "/model --profile --device cuda 2>/dev/null").status, 0);
+}
+
 // --device: cpu (the default) runs as before; an unknown value is a usage error (exit 2); cuda
 // without a usable device exits 1 with one line saying why — here forced by hiding every GPU
 // (CUDA_VISIBLE_DEVICES=""), which also covers a build without CUDA (its own one-line reason).

@@ -49,6 +49,10 @@ TEST(GemmNN, MatchesPlainMathOnEveryIsa) {
         first = C;
       else
         EXPECT_EQ(std::memcmp(first.data(), C.data(), C.size() * sizeof(float)), 0) << isa_name(isa);
+      // On the calling thread (callers already on the pool): the same bits.
+      std::vector<float> local(static_cast<size_t>(M * ldc), -7.0f);
+      gemm_nn_local(A.data(), lda, B.data(), ldb, local.data(), ldc, M, N, K);
+      EXPECT_EQ(std::memcmp(local.data(), C.data(), C.size() * sizeof(float)), 0) << isa_name(isa) << " local";
       // A sub-block (fewer rows and columns) gives the same bits as the full product.
       std::vector<float> sub(static_cast<size_t>(M * ldc), 0.0f);
       const int64_t m1 = std::max<int64_t>(1, M / 2), n1 = std::max<int64_t>(1, N / 3);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <map>
 #include <numeric>
@@ -874,6 +875,14 @@ TEST(Attention, ManyHeadsEachWithItsSink) {
   attend_heads(Q.data(), H, K.data(), n, d, sinks.data(), scale, out.data());
   for (int64_t h = 0; h < H; ++h)
     EXPECT_TRUE(close_all(out.data() + h * d, ref_attend(Q.data() + h * d, keys, d, sinks[h], scale), 1e-5, 1e-6)) << "head " << h;
+  // attend_scores on the calling thread (the prefill runs queries in parallel) = on the pool.
+  std::vector<float> p(static_cast<size_t>(H * n)), p2, pooled(out.size()), local(out.size());
+  query_key_scores(K.data(), n, Q.data(), H, d, p.data());  // p[h * n + j] = K_j . q_h
+  p2 = p;
+  attend_scores(p.data(), H, K.data(), n, d, sinks.data(), scale, pooled.data(), /*on_pool=*/true);
+  attend_scores(p2.data(), H, K.data(), n, d, sinks.data(), scale, local.data(), /*on_pool=*/false);
+  EXPECT_EQ(std::memcmp(pooled.data(), local.data(), sizeof(float) * pooled.size()), 0);
+  EXPECT_EQ(std::memcmp(pooled.data(), out.data(), sizeof(float) * pooled.size()), 0);  // = attend_heads
 }
 
 TEST(Attention, ZeroKeysGiveZero) {

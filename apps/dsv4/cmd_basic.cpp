@@ -135,8 +135,10 @@ int cmd_bench(const Args& a) {
   o.gen = a.integer("gen", 16);
   o.threads = static_cast<int>(a.integer("threads", 0));
   o.json = a.flag("json");
+  o.profile = a.flag("profile");
   o.load = load_mode_option(a);
   const Device device = device_option(a);
+  if (o.profile && device != Device::Cpu) throw Usage("--profile times the CPU backend's matmuls: use it with --device cpu");
   a.check_all_used();
   if (device == Device::Cuda) {
     o.device = "cuda";

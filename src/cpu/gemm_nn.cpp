@@ -91,19 +91,31 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* A, int64_t lda, 
 
 }  // namespace
 
-void gemm_nn(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
+namespace {
+
+// Columns [n0, n1) of C with the active ISA's tile.
+void columns(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t n0,
+             int64_t n1, int64_t K) {
   const Isa isa = active_isa();
+  if (isa == Isa::AVX512)
+    tile_avx512(A, lda, B, ldb, C, ldc, M, n0, n1, K);
+  else if (isa == Isa::AVX2)
+    tile_avx2(A, lda, B, ldb, C, ldc, M, n0, n1, K);
+  else
+    tile_scalar(A, lda, B, ldb, C, ldc, M, n0, n1, K);
+}
+
+}  // namespace
+
+void gemm_nn(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
   // Split N in 32-column strips over the pool; every element's k-order is the same in any split.
   const int64_t strips = (N + 31) / 32;
-  thread_pool().parallel_for(strips, [&](int64_t b, int64_t e) {
-    const int64_t n0 = b * 32, n1 = std::min(N, e * 32);
-    if (isa == Isa::AVX512)
-      tile_avx512(A, lda, B, ldb, C, ldc, M, n0, n1, K);
-    else if (isa == Isa::AVX2)
-      tile_avx2(A, lda, B, ldb, C, ldc, M, n0, n1, K);
-    else
-      tile_scalar(A, lda, B, ldb, C, ldc, M, n0, n1, K);
-  });
+  thread_pool().parallel_for(strips, [&](int64_t b, int64_t e) { columns(A, lda, B, ldb, C, ldc, M, b * 32, std::min(N, e * 32), K); });
+}
+
+void gemm_nn_local(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t N,
+                   int64_t K) {
+  columns(A, lda, B, ldb, C, ldc, M, 0, N, K);
 }
 
 }  // namespace dsv4

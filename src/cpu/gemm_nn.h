@@ -9,4 +9,8 @@ namespace dsv4 {
 
 void gemm_nn(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t N, int64_t K);
 
+// The same on the calling thread (callers already running on the pool: it is not reentrant).
+void gemm_nn_local(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t N,
+                   int64_t K);
+
 }  // namespace dsv4

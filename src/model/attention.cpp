@@ -22,12 +22,13 @@ void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t 
   attend_scores(p.data(), H, K, n, d, sink, scale, out);
 }
 
-void attend_scores(float* p, int64_t H, const float* K, int64_t n, int64_t d, const float* sink, float scale, float* out) {
+void attend_scores(float* p, int64_t H, const float* K, int64_t n, int64_t d, const float* sink, float scale, float* out,
+                   bool on_pool) {
   if (n == 0) {
     std::fill(out, out + H * d, 0.0f);
     return;
   }
-  thread_pool().parallel_for(H, [&](int64_t hb, int64_t he) {
+  auto softmax = [&](int64_t hb, int64_t he) {
     for (int64_t h = hb; h < he; ++h) {
       float* s = p + h * n;
       float mx = sink[h];
@@ -37,8 +38,14 @@ void attend_scores(float* p, int64_t H, const float* K, int64_t n, int64_t d, co
       const float inv = 1.0f / den;
       for (int64_t j = 0; j < n; ++j) s[j] *= inv;
     }
-  });
-  gemm_nn(p, n, K, d, out, d, H, d, n);
+  };
+  if (on_pool) {
+    thread_pool().parallel_for(H, softmax);
+    gemm_nn(p, n, K, d, out, d, H, d, n);
+  } else {
+    softmax(0, H);
+    gemm_nn_local(p, n, K, d, out, d, H, d, n);
+  }
   count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));  // the weighted sum
 }
 

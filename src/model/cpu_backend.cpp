@@ -281,23 +281,34 @@ void CpuBackend::run_attention(const LayerW& L, const RopeTable& rope, LayerStat
     // sc[u * BH + b*H + h] = q_{b,h} . key_u
     sc.resize(static_cast<size_t>(nu * BH));
     query_key_scores(q.data() + t0 * H * d, BH, uk.data(), nu, d, sc.data());
-    for (int64_t b = 0; b < B; ++b) {
+    // Each query's softmax and weighted sum over its own keys in its own order. A block of one
+    // (decode) uses the union as its keys and spreads its heads over the pool; a larger block
+    // runs whole queries in parallel, each gathering its keys on its thread (the gathers and
+    // the many small products were serial, or one pool job each). Same bits either way.
+    auto attend_query = [&](int64_t b, bool on_pool, std::vector<float>& pb, std::vector<float>& kb) {
       const int64_t pos = pos0 + b, first = std::max<int64_t>(0, pos - W + 1);
       const int64_t n = pos - first + 1 + static_cast<int64_t>(top[b].size());
-      // Its keys in its order: the union itself for a block of one, else gathered.
       const bool own = B == 1;
-      p.resize(static_cast<size_t>(H * n));
-      if (!own) keys.resize(static_cast<size_t>(n * d));
+      pb.resize(static_cast<size_t>(H * n));
+      if (!own) kb.resize(static_cast<size_t>(n * d));
       int64_t j = 0;
       auto take = [&](int64_t u) {
-        for (int64_t h = 0; h < H; ++h) p[h * n + j] = sc[u * BH + b * H + h];
-        if (!own) std::copy(uk.data() + u * d, uk.data() + (u + 1) * d, keys.data() + j * d);
+        for (int64_t h = 0; h < H; ++h) pb[h * n + j] = sc[u * BH + b * H + h];
+        if (!own) std::copy(uk.data() + u * d, uk.data() + (u + 1) * d, kb.data() + j * d);
         ++j;
       };
       for (int64_t k = first; k <= pos; ++k) take(k - first0);
       for (int32_t e : top[b]) take(slot[e]);
       count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));  // this query's scores
-      attend_scores(p.data(), H, own ? uk.data() : keys.data(), n, d, A.sink.data(), scale, o.data() + (t0 + b) * H * d);
+      attend_scores(pb.data(), H, own ? uk.data() : kb.data(), n, d, A.sink.data(), scale, o.data() + (t0 + b) * H * d, on_pool);
+    };
+    if (B == 1) {
+      attend_query(0, /*on_pool=*/true, p, keys);
+    } else {
+      thread_pool().parallel_for(B, [&](int64_t bb, int64_t be) {
+        thread_local std::vector<float> pb, kb;
+        for (int64_t b = bb; b < be; ++b) attend_query(b, /*on_pool=*/false, pb, kb);
+      }, static_cast<int>(B));
     }
   }
   for_each_token(T, [&](int64_t t) {

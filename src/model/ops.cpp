@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <numeric>
+#include <string>
 
 #include "core/threads.h"
 #include "cpu/qmatmul.h"
@@ -30,10 +34,43 @@ MatmulCounters matmul_counters() { return {g_weight_bytes.load(), g_flops.load()
 
 void count_matmul_flops(uint64_t flops) { g_flops += flops; }
 
+namespace {
+std::atomic<bool> g_profiling{false};
+std::mutex g_profile_mu;
+std::map<std::string, MatmulProfileRow> g_profile;
+}  // namespace
+
+void set_matmul_profiling(bool on) { g_profiling = on; }
+
+std::vector<MatmulProfileRow> take_matmul_profile() {
+  std::lock_guard<std::mutex> lock(g_profile_mu);
+  std::vector<MatmulProfileRow> rows;
+  for (auto& [k, v] : g_profile) rows.push_back(v);
+  g_profile.clear();
+  std::sort(rows.begin(), rows.end(), [](const MatmulProfileRow& a, const MatmulProfileRow& b) { return a.seconds > b.seconds; });
+  return rows;
+}
+
 void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy) {
-  g_weight_bytes += static_cast<uint64_t>(static_cast<double>(w.stored_bytes()) * static_cast<double>(r1 - r0) / static_cast<double>(w.rows));
-  g_flops += static_cast<uint64_t>(2 * (r1 - r0) * w.cols * T);
-  qmatmul(w, r0, r1, x, ldx, T, y, ldy);  // fused dequantise + dot, ISA dispatched (cpu/qmatmul.h)
+  const auto bytes = static_cast<uint64_t>(static_cast<double>(w.stored_bytes()) * static_cast<double>(r1 - r0) / static_cast<double>(w.rows));
+  const auto flops = static_cast<uint64_t>(2 * (r1 - r0) * w.cols * T);
+  g_weight_bytes += bytes;
+  g_flops += flops;
+  if (!g_profiling) return qmatmul(w, r0, r1, x, ldx, T, y, ldy);  // fused dequantise + dot (cpu/qmatmul.h)
+  const auto t0 = std::chrono::steady_clock::now();
+  qmatmul(w, r0, r1, x, ldx, T, y, ldy);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Small T (the fused GEMV path) and large T (the GEMM path) apart: the same matrix runs at
+  // very different rates on the two.
+  const std::string what = std::string(wformat_name(w.fmt)) + " " + std::to_string(r1 - r0) + "x" + std::to_string(w.cols) +
+                           (T <= qmatmul_fused_max_tokens() ? " T<=" + std::to_string(qmatmul_fused_max_tokens()) : " T>" + std::to_string(qmatmul_fused_max_tokens()));
+  std::lock_guard<std::mutex> lock(g_profile_mu);
+  MatmulProfileRow& row = g_profile[what];
+  row.what = what;
+  ++row.calls;
+  row.seconds += dt;
+  row.weight_bytes += bytes;
+  row.flops += flops;
 }
 
 QWeight f32_weight(const float* data, int64_t rows, int64_t cols) {

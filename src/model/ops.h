@@ -2,6 +2,7 @@
 // CPU reference primitives of the DeepSeek-V4 forward, in float32. Each one has a test
 // against plain math (tests/test_ops.cpp). Matrices are row-major.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/weight.h"
@@ -25,6 +26,18 @@ struct MatmulCounters {
   uint64_t weight_bytes = 0, flops = 0;
 };
 MatmulCounters matmul_counters();
+// Time inside matmul per weight format and shape (`dsv4 bench --profile`). Off by default; when
+// on, every call reads the clock twice. One row per (format, rows x cols, small or large T).
+struct MatmulProfileRow {
+  std::string what;  // e.g. "FP8Block 32768x1024 T=1"
+  int64_t calls = 0;
+  double seconds = 0;
+  uint64_t weight_bytes = 0, flops = 0;
+};
+void set_matmul_profiling(bool on);
+// The rows since the last call, most time first; starts a new period.
+std::vector<MatmulProfileRow> take_matmul_profile();
+
 // Adds the FLOPs of a matrix product that does not go through matmul (attention's products over
 // cached keys: they are real multiply-adds of the forward, but read no weights).
 void count_matmul_flops(uint64_t flops);

@@ -73,11 +73,15 @@ BenchResult run_bench(const BenchOptions& o) {
   std::fprintf(stderr, "bench: prefill %lld tokens...\n", static_cast<long long>(o.prompt_len));
   SequenceState st = model.new_sequence();
   std::vector<float> logits(static_cast<size_t>(c.vocab));
+  const bool profile = o.profile && cpu;
+  set_matmul_profiling(profile);
+  take_matmul_profile();  // start the prefill's period
   MatmulCounters before = matmul_counters();
   auto t0 = std::chrono::steady_clock::now();
   model.forward(st, prompt.data(), o.prompt_len, logits.data(), Model::Logits::Last);  // as generation does
   double prefill_s = seconds_since(t0);
   MatmulCounters mid = matmul_counters();
+  if (profile) r.prefill_profile = take_matmul_profile();
   r.prefill_tok_s = static_cast<double>(o.prompt_len) / prefill_s;
   r.prefill_flops_per_token = static_cast<double>(mid.flops - before.flops) / static_cast<double>(o.prompt_len);
 
@@ -92,6 +96,10 @@ BenchResult run_bench(const BenchOptions& o) {
   }
   double decode_s = seconds_since(t0);
   MatmulCounters after = matmul_counters();
+  if (profile) r.decode_profile = take_matmul_profile();
+  set_matmul_profiling(false);
+  r.prefill_s = prefill_s;
+  r.decode_s = decode_s;
   r.decode_tok_s = static_cast<double>(o.gen) / decode_s;
   r.decode_bytes_per_token = static_cast<double>(after.weight_bytes - mid.weight_bytes) / static_cast<double>(o.gen);
   r.peak_rss_mb = peak_rss_mb();
@@ -109,6 +117,48 @@ BenchResult run_bench(const BenchOptions& o) {
   return r;
 }
 
+namespace {
+
+// Rows of a phase's profile and the time outside matmul ("other").
+double matmul_seconds(const std::vector<MatmulProfileRow>& rows) {
+  double t = 0;
+  for (const MatmulProfileRow& p : rows) t += p.seconds;
+  return t;
+}
+
+std::string profile_json(const std::vector<MatmulProfileRow>& rows, double total_s) {
+  std::string out = "{\"matmul\": [";
+  char buf[256];
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const MatmulProfileRow& p = rows[i];
+    std::snprintf(buf, sizeof buf, "%s{\"what\": \"%s\", \"calls\": %lld, \"ms\": %.4g, \"gb_s\": %.4g, \"gflop_s\": %.4g}",
+                  i ? ", " : "", p.what.c_str(), static_cast<long long>(p.calls), 1e3 * p.seconds,
+                  static_cast<double>(p.weight_bytes) / p.seconds / 1e9, static_cast<double>(p.flops) / p.seconds / 1e9);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "], \"other_ms\": %.4g}", 1e3 * (total_s - matmul_seconds(rows)));
+  return out + buf;
+}
+
+std::string profile_table(const char* phase, const std::vector<MatmulProfileRow>& rows, double total_s) {
+  std::string out;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s: time inside matmul by weight (%.0f ms in all)\n  %-36s %6s %9s %6s %8s %9s\n", phase,
+                1e3 * total_s, "weight", "calls", "ms", "share", "GB/s", "GFLOP/s");
+  out += buf;
+  for (const MatmulProfileRow& p : rows) {
+    std::snprintf(buf, sizeof buf, "  %-36s %6lld %9.1f %5.1f%% %8.2f %9.1f\n", p.what.c_str(), static_cast<long long>(p.calls),
+                  1e3 * p.seconds, 100 * p.seconds / total_s, static_cast<double>(p.weight_bytes) / p.seconds / 1e9,
+                  static_cast<double>(p.flops) / p.seconds / 1e9);
+    out += buf;
+  }
+  const double other = total_s - matmul_seconds(rows);
+  std::snprintf(buf, sizeof buf, "  %-36s %6s %9.1f %5.1f%%\n", "other (outside matmul)", "", 1e3 * other, 100 * other / total_s);
+  return out + buf;
+}
+
+}  // namespace
+
 std::string bench_json(const BenchResult& r) {
   char buf[1024];
   std::snprintf(buf, sizeof buf,
@@ -120,7 +170,13 @@ std::string bench_json(const BenchResult& r) {
                 r.prefill_tok_s, r.decode_tok_s, r.decode_bytes_per_token, r.mem_bw_gb_s, r.peak_gflop_s, r.decode_roofline_ratio,
                 r.prefill_roofline_ratio, r.peak_rss_mb, r.mapped_weights_mb, r.threads, static_cast<long long>(r.prompt_len),
                 static_cast<long long>(r.gen), r.prefill_flops_per_token, r.isa.c_str(), r.load.c_str(), r.device.c_str());
-  return buf;
+  std::string out = buf;
+  if (!r.prefill_profile.empty() || !r.decode_profile.empty()) {
+    out.pop_back();  // the closing brace
+    out += ", \"profile\": {\"prefill\": " + profile_json(r.prefill_profile, r.prefill_s) +
+           ", \"decode\": " + profile_json(r.decode_profile, r.decode_s) + "}}";
+  }
+  return out;
 }
 
 std::string bench_table(const BenchResult& r) {
@@ -144,7 +200,10 @@ std::string bench_table(const BenchResult& r) {
                 r.threads, r.isa.c_str(), r.load.c_str(), r.mem_bw_gb_s, r.peak_gflop_s, static_cast<long long>(r.prompt_len), r.prefill_tok_s,
                 r.prefill_flops_per_token * r.prefill_tok_s / 1e9, 100 * r.prefill_roofline_ratio, static_cast<long long>(r.gen),
                 r.decode_tok_s, r.decode_bytes_per_token / 1e6, 100 * r.decode_roofline_ratio, r.peak_rss_mb, r.mapped_weights_mb);
-  return buf;
+  std::string out = buf;
+  if (!r.prefill_profile.empty()) out += profile_table("prefill", r.prefill_profile, r.prefill_s);
+  if (!r.decode_profile.empty()) out += profile_table("decode", r.decode_profile, r.decode_s);
+  return out;
 }
 
 }  // namespace dsv4

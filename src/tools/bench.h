@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "io/safetensors.h"
 #include "model/forward.h"
+#include "model/ops.h"
 
 namespace dsv4 {
 
@@ -22,6 +24,8 @@ struct BenchOptions {
   // (and the roofline ratios) stay 0.
   std::string device = "cpu";
   std::function<Model(ModelWeights)> make_model;
+  // CPU: also time every matmul by weight format and shape (two clock reads per call).
+  bool profile = false;
 };
 
 struct BenchResult {
@@ -36,6 +40,9 @@ struct BenchResult {
   std::string isa;
   std::string load;  // how the weights were loaded: mmap | read
   std::string device = "cpu";
+  double prefill_s = 0, decode_s = 0;  // wall time of the prefill and of all decode steps
+  // With BenchOptions::profile: time inside matmul per weight and shape, per phase.
+  std::vector<MatmulProfileRow> prefill_profile, decode_profile;
 };
 
 BenchResult run_bench(const BenchOptions& o);
