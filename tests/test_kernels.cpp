@@ -30,36 +30,6 @@ std::vector<float> run(const QWeight& w, const Problem& p) {
   return y;
 }
 
-// Compares with the double reference: |got - want| <= 1e-5 * sum|w*x| (the scale of the
-// rounding error of any summation order), and checks the ldy padding was not written.
-void check_against_reference(const QWeight& w, const std::vector<float>& deq, const Problem& p,
-                             const std::vector<float>& y, const std::string& what) {
-  const int64_t n = p.r1 - p.r0;
-  int bad = 0;
-  for (int64_t t = 0; t < p.T; ++t) {
-    const float* xt = p.x.data() + t * p.ldx;
-    for (int64_t i = 0; i < n; ++i) {
-      const float* wr = deq.data() + (p.r0 + i) * w.cols;
-      double s = 0, sa = 0;
-      for (int64_t c = 0; c < w.cols; ++c) {
-        const double v = static_cast<double>(wr[c]) * xt[c];
-        s += v;
-        sa += std::fabs(v);
-      }
-      const float got = y[t * p.ldy + i];
-      const double tol = 1e-5 * sa + 1e-30;
-      if (!(std::fabs(got - s) <= tol) && bad++ < 5) {
-        ADD_FAILURE() << what << ": t=" << t << " row=" << p.r0 + i << " got " << got << " want " << s
-                      << " tol " << tol;
-      }
-    }
-    for (int64_t i = n; i < p.ldy; ++i) {
-      if (y[t * p.ldy + i] != kSentinel && bad++ < 5) ADD_FAILURE() << what << ": wrote ldy padding at t=" << t;
-    }
-  }
-  EXPECT_EQ(bad, 0) << what;
-}
-
 struct Shape {
   int64_t rows, cols;
 };

@@ -1,6 +1,9 @@
 #pragma once
 // Random stored weights of every format and random activations with poisoned stride padding:
 // shared by the CPU kernel tests (test_kernels.cpp) and the GPU ones (test_cuda_*.cpp).
+#include <gtest/gtest.h>
+
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -120,5 +123,33 @@ inline Problem make_problem(const QWeight& w, int64_t r0, int64_t r1, int64_t T,
 
 // What outputs are filled with before a call: a value the kernels never write by accident.
 inline constexpr float kSentinel = 12345.0f;
+
+// Checks y (a qmatmul of p against w, whose dequantised rows are deq) against a double-precision
+// dot per output (tolerance 1e-5 * sum |w x|) and that the ldy padding still holds kSentinel.
+// Reports up to 5 failures; returns how many outputs were wrong.
+inline int check_against_reference(const QWeight& w, const std::vector<float>& deq, const Problem& p,
+                                   const std::vector<float>& y, const std::string& what) {
+  const int64_t n = p.r1 - p.r0;
+  int bad = 0;
+  for (int64_t t = 0; t < p.T; ++t) {
+    const float* xt = p.x.data() + t * p.ldx;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* wr = deq.data() + (p.r0 + i) * w.cols;
+      double s = 0, sa = 0;
+      for (int64_t c = 0; c < w.cols; ++c) {
+        const double v = static_cast<double>(wr[c]) * xt[c];
+        s += v;
+        sa += std::fabs(v);
+      }
+      const float got = y[t * p.ldy + i];
+      const double tol = 1e-5 * sa + 1e-30;
+      if (!(std::fabs(got - s) <= tol) && bad++ < 5)
+        ADD_FAILURE() << what << ": t=" << t << " row=" << p.r0 + i << " got " << got << " want " << s << " tol " << tol;
+    }
+    for (int64_t i = n; i < p.ldy; ++i)
+      if (y[t * p.ldy + i] != kSentinel && bad++ < 5) ADD_FAILURE() << what << ": wrote ldy padding at t=" << t;
+  }
+  return bad;
+}
 
 }  // namespace dsv4::testing
