@@ -52,11 +52,7 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const ModelWeights& w) : w_(w) {
     const ModelConfig& c = w_.cfg;
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      bool compressed = c.ratio(l) > 0;
-      rope_.push_back(make_rope(c.rope_dim, compressed ? c.compress_rope_theta : c.rope_theta, compressed, c.yarn_factor,
-                                c.yarn_original, c.yarn_beta_fast, c.yarn_beta_slow));
-    }
+    for (int64_t l = 0; l < c.n_layers; ++l) rope_.push_back(layer_rope(c, l));
   }
 
   const char* name() const override { return "cpu"; }

@@ -151,10 +151,7 @@ CudaBackend::CudaBackend(const ModelWeights& w, const CudaOptions& o) : c_(w.cfg
     d.hash = L.hash;
     d.attn_norm = upload(L.attn_norm, "attn_norm");
     d.ffn_norm = upload(L.ffn_norm, "ffn_norm");
-    const bool compressed = c.ratio(l) > 0;
-    const RopeTable rope = make_rope(c.rope_dim, compressed ? c.compress_rope_theta : c.rope_theta, compressed, c.yarn_factor,
-                                     c.yarn_original, c.yarn_beta_fast, c.yarn_beta_slow);
-    d.freq = upload(rope.freq, "rope freq");
+    d.freq = upload(layer_rope(c, l).freq, "rope freq");
     d.hc_attn = upload_mix(L.hc_attn, M, width);
     d.hc_ffn = upload_mix(L.hc_ffn, M, width);
     const AttentionW& A = L.attn;

@@ -62,8 +62,9 @@ void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ld
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Small T (the fused GEMV path) and large T (the GEMM path) apart: the same matrix runs at
   // very different rates on the two.
+  const int fused = qmatmul_fused_max_tokens();
   const std::string what = std::string(wformat_name(w.fmt)) + " " + std::to_string(r1 - r0) + "x" + std::to_string(w.cols) +
-                           (T <= qmatmul_fused_max_tokens() ? " T<=" + std::to_string(qmatmul_fused_max_tokens()) : " T>" + std::to_string(qmatmul_fused_max_tokens()));
+                           (T <= fused ? " T<=" : " T>") + std::to_string(fused);
   std::lock_guard<std::mutex> lock(g_profile_mu);
   MatmulProfileRow& row = g_profile[what];
   row.what = what;
@@ -93,6 +94,12 @@ float inv_rms(const float* x, int64_t n, double eps) {
 void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* y) {
   const float rs = inv_rms(x, n, eps);
   for (int64_t i = 0; i < n; ++i) y[i] = (w ? w[i] : 1.0f) * (x[i] * rs);
+}
+
+RopeTable layer_rope(const ModelConfig& c, int64_t l) {
+  const bool compressed = c.ratio(l) > 0;
+  return make_rope(c.rope_dim, compressed ? c.compress_rope_theta : c.rope_theta, compressed, c.yarn_factor, c.yarn_original,
+                   c.yarn_beta_fast, c.yarn_beta_slow);
 }
 
 RopeTable make_rope(int64_t rope_dim, double base, bool yarn, double factor, int64_t original, double beta_fast, double beta_slow) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/weight.h"
+#include "io/config.h"
 
 namespace dsv4 {
 
@@ -64,6 +65,9 @@ struct RopeTable {
   At at(int64_t pos) const;
 };
 RopeTable make_rope(int64_t rope_dim, double base, bool yarn, double factor, int64_t original, double beta_fast, double beta_slow);
+// Main layer l's table: compressed layers (ratio > 0) use compress_rope_theta with YaRN, the
+// others rope_theta without.
+RopeTable layer_rope(const ModelConfig& c, int64_t l);
 
 // Sylvester-ordered Walsh-Hadamard transform times n^-1/2 (n a power of two), in place.
 void hadamard(float* x, int64_t n);
