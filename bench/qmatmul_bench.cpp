@@ -225,8 +225,15 @@ int main(int argc, char** argv) {
   const int64_t rows = shape_rows, cols = shape_cols;
   auto run_section = [&](const char* name) { return only.empty() || only == name; };
   std::vector<float> x(static_cast<size_t>(512 * cols));
-  fill_random(reinterpret_cast<uint8_t*>(x.data()), x.size() * 4, 5);
-  sanitize(WFormat::F32, reinterpret_cast<uint8_t*>(x.data()), x.size() * 4);
+  // Activation-like values (uniform in [-1, 1)), not random bit patterns: the MXFP4 GEMV checks
+  // the activations' range (deferred scales, qmatmul_kernels.inc), as real activations pass it.
+  {
+    uint64_t st = 0x9E3779B97F4A7C15ull;
+    for (float& v : x) {
+      st = st * 6364136223846793005ull + 1442695040888963407ull;
+      v = static_cast<float>(static_cast<double>(st >> 11) * 0x1p-52 - 1.0);
+    }
+  }
   std::vector<float> y(static_cast<size_t>(512 * rows));
   if (run_section("gemv")) {
   std::printf("\nGEMV T=1, %lld x %lld matrices, each read once per pass\n", static_cast<long long>(rows),

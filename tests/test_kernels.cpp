@@ -297,6 +297,57 @@ TEST(Kernels, AVX512BatchInvariant) {
   run_isa_invariance(Isa::AVX512);
 }
 
+// MXFP4's AVX-512 GEMV defers block scales to the accumulators where that is exact
+// (qmatmul_kernels.inc, deferral_exact) and runs the canonical way elsewhere: either way every
+// output must be bit-identical to the GEMM path's (which never defers), and close to the
+// reference. Cases: real-range scales (deferred), a few rows with extreme scales (those tiles
+// fall back), subnormal activations and huge ones (deferral would round differently or
+// overflow: must fall back).
+TEST(Kernels, AVX512DeferredScalesExact) {
+  require(Isa::AVX512);
+  IsaGuard guard(Isa::AVX512);
+  uint32_t seed = 500;
+  for (const int64_t cols : {4096, 2340}) {
+    for (const bool extreme_rows : {false, true}) {
+      OwnedWeight o = make_weight(WFormat::MXFP4, 70, cols, seed++, /*moderate=*/true);
+      if (extreme_rows) {
+        o.scale[17 * o.w.scale_cols + 3] = 0;  // 2^-127 in row 17's tile
+        o.scale[50 * o.w.scale_cols + 40] = 240;  // 2^113 in row 50's tile
+      }
+      const std::vector<float> deq = dequant_all(o.w);
+      for (const float xscale : {1.0f, 1e-39f, 1e36f}) {
+        constexpr int64_t NT = 30;
+        Problem p = make_problem(o.w, 0, o.w.rows, NT, seed++);
+        for (float& v : p.x)
+          if (!std::isnan(v)) v *= xscale;
+        const std::string what = std::to_string(cols) + " cols, extreme rows " + std::to_string(extreme_rows) +
+                                 ", x scale " + std::to_string(xscale);
+        // Each token alone (fused, T=1) and a fused batch, against the whole batch on the GEMM path.
+        set_qmatmul_fused_max_tokens(-1);
+        std::vector<float> alone(static_cast<size_t>(NT * p.ldy), kSentinel);
+        for (int64_t t = 0; t < NT; ++t)
+          qmatmul(o.w, 0, o.w.rows, p.x.data() + t * p.ldx, p.ldx, 1, alone.data() + t * p.ldy, p.ldy);
+        Problem fused5 = p;
+        fused5.T = 5;
+        const std::vector<float> batch5 = run(o.w, fused5);
+        set_qmatmul_fused_max_tokens(0);
+        const std::vector<float> gemm = run(o.w, p);
+        set_qmatmul_fused_max_tokens(-1);
+        int bad = 0;
+        for (int64_t t = 0; t < NT; ++t)
+          for (int64_t r = 0; r < o.w.rows; ++r) {
+            const float want = gemm[t * p.ldy + r], got = alone[t * p.ldy + r];
+            const bool ok5 = t >= 5 || std::memcmp(&batch5[t * p.ldy + r], &want, sizeof(float)) == 0;
+            if ((std::memcmp(&got, &want, sizeof(float)) != 0 || !ok5) && bad++ < 5)
+              ADD_FAILURE() << what << ": token " << t << " row " << r << " fused " << got << " gemm " << want;
+          }
+        EXPECT_EQ(bad, 0) << what;
+        if (xscale == 1.0f) check_against_reference(o.w, deq, p, alone, what);
+      }
+    }
+  }
+}
+
 // Every available ISA gives the same numbers (to rounding) on the same problem.
 TEST(Kernels, IsasAgree) {
   std::vector<Isa> isas;

@@ -31,7 +31,9 @@ inline uint8_t finite_e4m3(uint32_t v) {
   return (b & 0x7F) == 0x7F ? static_cast<uint8_t>(b ^ 0x01) : b;
 }
 
-inline OwnedWeight make_weight(WFormat fmt, int64_t rows, int64_t cols, uint32_t seed) {
+// moderate: MXFP4 scales only in 2^-8 .. 2^7 (real checkpoints' range; the AVX-512 GEMV then
+// defers them, see qmatmul_kernels.inc) instead of also the extremes 2^-127 and 2^-126.
+inline OwnedWeight make_weight(WFormat fmt, int64_t rows, int64_t cols, uint32_t seed, bool moderate = false) {
   std::mt19937 g(seed);
   auto u = [&](uint32_t n) { return static_cast<uint32_t>(g() % n); };
   OwnedWeight o;
@@ -91,7 +93,7 @@ inline OwnedWeight make_weight(WFormat fmt, int64_t rows, int64_t cols, uint32_t
         // Mostly 2^-9 .. 2^6, with the extremes 2^-127 (byte 0, a subnormal) and 2^-126.
         for (auto& b : o.scale) {
           const uint32_t k = u(20);
-          b = k == 0 ? 0 : k == 1 ? 1 : static_cast<uint8_t>(118 + u(16));
+          b = k == 0 && !moderate ? 0 : k == 1 && !moderate ? 1 : static_cast<uint8_t>(118 + u(16));
         }
       } else {
         for (auto& b : o.scale) b = finite_e4m3(g());  // the whole E4M3 range, subnormals and sign

@@ -10,7 +10,9 @@
 #pragma GCC diagnostic pop
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/threads.h"
 #include "cpu/qmatmul_impl.h"
@@ -198,6 +200,80 @@ struct DecMX : DecBase {
       const __m512i f = _mm512_slli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(1)), 23);
       _mm512_storeu_ps(sb + i, _mm512_castsi512_ps(f));
     }
+  }
+  // Deferred scales (qmatmul_kernels.inc, kDeferScales): sb gets, per group and block, the
+  // ratio 2^(u_prev - u) (1 for the first group) and past the last group 2^u_last, u = byte - 126;
+  // padding blocks (past cols) take byte 126 (2^0). br collects the bytes' range.
+  struct ByteRange {
+    __m128i lo, hi;
+  };
+  TGT static ByteRange range_start() { return {_mm_set1_epi8(static_cast<char>(0xFF)), _mm_setzero_si128()}; }
+  TGT static void range_bytes(const ByteRange& br, int& lo, int& hi) {
+    __m128i a = br.lo, b = br.hi;
+    for (int sh : {8, 4, 2, 1}) {
+      // Byte shifts need immediates: the loop is unrolled by the compiler.
+      const __m128i ia = sh == 8 ? _mm_srli_si128(a, 8) : sh == 4 ? _mm_srli_si128(a, 4) : sh == 2 ? _mm_srli_si128(a, 2) : _mm_srli_si128(a, 1);
+      const __m128i ib = sh == 8 ? _mm_srli_si128(b, 8) : sh == 4 ? _mm_srli_si128(b, 4) : sh == 2 ? _mm_srli_si128(b, 2) : _mm_srli_si128(b, 1);
+      a = _mm_min_epu8(a, ia);
+      b = _mm_max_epu8(b, ib);
+    }
+    lo = _mm_extract_epi8(a, 0);
+    hi = _mm_extract_epi8(b, 0);
+  }
+  TGT void prep_deferred(int64_t r, int64_t ng, float* sb, ByteRange& br) const {
+    const uint8_t* s = scales + r * scale_cols;
+    const int64_t total = 4 * ng;
+    if (total == 0) {  // no columns: the accumulators stay zero, any multiplier will do
+      for (int b = 0; b < 4; ++b) sb[b] = 1.0f;
+      return;
+    }
+    const __m128i pad = _mm_set1_epi8(126);
+    __m128i cur = pad;
+    for (int64_t i = 0; i < total; i += 16) {
+      cur = _mm_mask_loadu_epi8(pad, first_lanes(nb - i), s + i);
+      // The same block of the previous group; the first group's is itself.
+      const __m128i prev = i == 0 ? _mm_mask_mov_epi8(_mm_slli_si128(cur, 4), 0x000F, cur)
+                                  : _mm_mask_loadu_epi8(pad, first_lanes(nb - (i - 4)), s + i - 4);
+      const __mmask16 live = first_lanes(total - i);
+      br.lo = _mm_mask_min_epu8(br.lo, live, br.lo, cur);
+      br.hi = _mm_mask_max_epu8(br.hi, live, br.hi, cur);
+      const __m512i e = _mm512_sub_epi32(_mm512_add_epi32(_mm512_cvtepu8_epi32(prev), _mm512_set1_epi32(127)),
+                                         _mm512_cvtepu8_epi32(cur));
+      _mm512_storeu_ps(sb + i, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
+    }
+    // 2^u_last per block: the last group's four bytes (lanes 4..15 of the last load hold bytes
+    // past the row, or the group's own when total is a multiple of 16: take them by position).
+    alignas(16) uint8_t last[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(last), cur);
+    const int64_t at = (total - 4) % 16;
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t bits = (static_cast<uint32_t>(last[at + b]) + 1u) << 23;
+      std::memcpy(sb + total + b, &bits, sizeof(bits));
+    }
+  }
+  // lsb: the smallest exponent of a nonzero x's last significant bit (normal x: field - 150,
+  // subnormal: -149); sum_exp: above log2 of the largest token sum of |x| (float sum, +1 for its
+  // rounding), 1000 when not finite.
+  TGT static XStats x_stats(const float* px, int64_t T, int64_t ldx, int64_t n) {
+    XStats xs;
+    __m512i fmin = _mm512_set1_epi32(1000);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* p = px + t * ldx;
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t c = 0; c < n; c += 16) {
+        const __m512 v = _mm512_abs_ps(_mm512_loadu_ps(p + c));
+        sum = _mm512_add_ps(sum, v);
+        const __mmask16 nz = _mm512_cmpneq_ps_mask(v, _mm512_setzero_ps());
+        const __m512i f = _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(v), 23), _mm512_set1_epi32(1));
+        fmin = _mm512_mask_min_epi32(fmin, nz, fmin, f);
+      }
+      const float total = _mm512_reduce_add_ps(sum);
+      const int e = !(total <= std::numeric_limits<float>::max()) ? 1000 : total == 0.0f ? -1000 : std::ilogb(total) + 2;
+      xs.sum_exp = std::max(xs.sum_exp, e);
+    }
+    const int f = _mm512_reduce_min_epi32(fmin);
+    xs.lsb = f >= 1000 ? 1000 : f - 150;
+    return xs;
   }
   TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
   TGTI static void from_bits(__m512 r, St& st) { st.v = _mm512_castps_si512(r); }

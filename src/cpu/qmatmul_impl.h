@@ -17,6 +17,14 @@ void run_avx2(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t 
 void run_avx512(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
                 int64_t ldy, int fused_max_t);
 
+// Of the packed tokens a fused tile multiplies: every nonzero x is a multiple of 2^lsb, every
+// token's sum of |x| is below 2^sum_exp (1000: not finite). Decides whether deferred scales are
+// exact (qmatmul_kernels.inc, deferral_exact).
+struct XStats {
+  int lsb = 1000;
+  int sum_exp = -1000;
+};
+
 // Per-thread, 64-byte aligned scratch that grows on demand and lives until the thread exits.
 // Distinct slots may be held at once; the calling thread owns kSlotX for the packed activations
 // while pool workers (and the caller, as one of them) use the others.
