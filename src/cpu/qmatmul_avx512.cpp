@@ -205,21 +205,28 @@ struct DecMX : DecBase {
   // ratio 2^(u_prev - u) (1 for the first group) and past the last group 2^u_last, u = byte - 126;
   // padding blocks (past cols) take byte 126 (2^0). br collects the bytes' range.
   struct ByteRange {
-    __m128i lo, hi;
+    __m512i lo, hi;
   };
-  TGT static ByteRange range_start() { return {_mm_set1_epi8(static_cast<char>(0xFF)), _mm_setzero_si128()}; }
+  TGT static ByteRange range_start() { return {_mm512_set1_epi8(static_cast<char>(0xFF)), _mm512_setzero_si512()}; }
   TGT static void range_bytes(const ByteRange& br, int& lo, int& hi) {
-    __m128i a = br.lo, b = br.hi;
-    for (int sh : {8, 4, 2, 1}) {
-      // Byte shifts need immediates: the loop is unrolled by the compiler.
-      const __m128i ia = sh == 8 ? _mm_srli_si128(a, 8) : sh == 4 ? _mm_srli_si128(a, 4) : sh == 2 ? _mm_srli_si128(a, 2) : _mm_srli_si128(a, 1);
-      const __m128i ib = sh == 8 ? _mm_srli_si128(b, 8) : sh == 4 ? _mm_srli_si128(b, 4) : sh == 2 ? _mm_srli_si128(b, 2) : _mm_srli_si128(b, 1);
-      a = _mm_min_epu8(a, ia);
-      b = _mm_max_epu8(b, ib);
-    }
-    lo = _mm_extract_epi8(a, 0);
-    hi = _mm_extract_epi8(b, 0);
+    __m256i a = _mm256_min_epu8(_mm512_castsi512_si256(br.lo), _mm512_extracti64x4_epi64(br.lo, 1));
+    __m256i b = _mm256_max_epu8(_mm512_castsi512_si256(br.hi), _mm512_extracti64x4_epi64(br.hi, 1));
+    __m128i c = _mm_min_epu8(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    __m128i d = _mm_max_epu8(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    c = _mm_min_epu8(c, _mm_srli_si128(c, 8));
+    d = _mm_max_epu8(d, _mm_srli_si128(d, 8));
+    c = _mm_min_epu8(c, _mm_srli_si128(c, 4));
+    d = _mm_max_epu8(d, _mm_srli_si128(d, 4));
+    c = _mm_min_epu8(c, _mm_srli_si128(c, 2));
+    d = _mm_max_epu8(d, _mm_srli_si128(d, 2));
+    c = _mm_min_epu8(c, _mm_srli_si128(c, 1));
+    d = _mm_max_epu8(d, _mm_srli_si128(d, 1));
+    lo = _mm_extract_epi8(c, 0);
+    hi = _mm_extract_epi8(d, 0);
   }
+  // The ratio fields 127 + prev - cur are computed on bytes, 64 blocks at a time: they wrap when
+  // |prev - cur| > 126, but then the tile's byte range fails deferral_exact and the tile is
+  // prepared again the canonical way.
   TGT void prep_deferred(int64_t r, int64_t ng, float* sb, ByteRange& br) const {
     const uint8_t* s = scales + r * scale_cols;
     const int64_t total = 4 * ng;
@@ -227,27 +234,28 @@ struct DecMX : DecBase {
       for (int b = 0; b < 4; ++b) sb[b] = 1.0f;
       return;
     }
-    const __m128i pad = _mm_set1_epi8(126);
-    __m128i cur = pad;
-    for (int64_t i = 0; i < total; i += 16) {
-      cur = _mm_mask_loadu_epi8(pad, first_lanes(nb - i), s + i);
-      // The same block of the previous group; the first group's is itself.
-      const __m128i prev = i == 0 ? _mm_mask_mov_epi8(_mm_slli_si128(cur, 4), 0x000F, cur)
-                                  : _mm_mask_loadu_epi8(pad, first_lanes(nb - (i - 4)), s + i - 4);
-      const __mmask16 live = first_lanes(total - i);
-      br.lo = _mm_mask_min_epu8(br.lo, live, br.lo, cur);
-      br.hi = _mm_mask_max_epu8(br.hi, live, br.hi, cur);
-      const __m512i e = _mm512_sub_epi32(_mm512_add_epi32(_mm512_cvtepu8_epi32(prev), _mm512_set1_epi32(127)),
-                                         _mm512_cvtepu8_epi32(cur));
-      _mm512_storeu_ps(sb + i, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
+    auto first = [](int64_t n) {
+      return n >= 64 ? ~__mmask64{0} : n <= 0 ? __mmask64{0} : (__mmask64{1} << n) - 1u;
+    };
+    const __m512i pad = _mm512_set1_epi8(126);
+    for (int64_t i = 0; i < total; i += 64) {
+      const __m512i cur = _mm512_mask_loadu_epi8(pad, first(nb - i), s + i);
+      // The same block of the previous group (4 bytes back); the first group's is itself.
+      const __m512i prev = i == 0 ? _mm512_mask_mov_epi8(_mm512_alignr_epi32(cur, cur, 15), 0xF, cur)
+                                  : _mm512_mask_loadu_epi8(pad, first(nb - (i - 4)), s + i - 4);
+      const __mmask64 live = first(total - i);
+      br.lo = _mm512_mask_min_epu8(br.lo, live, br.lo, cur);
+      br.hi = _mm512_mask_max_epu8(br.hi, live, br.hi, cur);
+      const __m512i field = _mm512_add_epi8(_mm512_sub_epi8(prev, cur), _mm512_set1_epi8(127));
+      const __m128i q[4] = {_mm512_castsi512_si128(field), _mm512_extracti32x4_epi32(field, 1),
+                            _mm512_extracti32x4_epi32(field, 2), _mm512_extracti32x4_epi32(field, 3)};
+      for (int k = 0; k < 4 && i + 16 * k < total; ++k)
+        _mm512_storeu_ps(sb + i + 16 * k, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(q[k]), 23)));
     }
-    // 2^u_last per block: the last group's four bytes (lanes 4..15 of the last load hold bytes
-    // past the row, or the group's own when total is a multiple of 16: take them by position).
-    alignas(16) uint8_t last[16];
-    _mm_store_si128(reinterpret_cast<__m128i*>(last), cur);
-    const int64_t at = (total - 4) % 16;
-    for (int b = 0; b < 4; ++b) {
-      const uint32_t bits = (static_cast<uint32_t>(last[at + b]) + 1u) << 23;
+    // 2^u_last per block, from the last group's bytes.
+    for (int64_t b = 0; b < 4; ++b) {
+      const int64_t blk = total - 4 + b;
+      const uint32_t bits = (static_cast<uint32_t>(blk < nb ? s[blk] : 126) + 1u) << 23;
       std::memcpy(sb + total + b, &bits, sizeof(bits));
     }
   }
