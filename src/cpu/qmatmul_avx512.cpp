@@ -252,12 +252,11 @@ struct DecMX : DecBase {
       for (int k = 0; k < 4 && i + 16 * k < total; ++k)
         _mm512_storeu_ps(sb + i + 16 * k, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(q[k]), 23)));
     }
-    // 2^u_last per block, from the last group's bytes.
-    for (int64_t b = 0; b < 4; ++b) {
-      const int64_t blk = total - 4 + b;
-      const uint32_t bits = (static_cast<uint32_t>(blk < nb ? s[blk] : 126) + 1u) << 23;
-      std::memcpy(sb + total + b, &bits, sizeof(bits));
-    }
+    // 2^u_last per block, from the last group's bytes (padding blocks: 126).
+    const int64_t last = total - 4;
+    const __m128i lb = _mm_mask_loadu_epi8(_mm_set1_epi8(126), static_cast<__mmask16>(first_lanes(nb - last) & 0xF), s + last);
+    const __m128i f = _mm_slli_epi32(_mm_add_epi32(_mm_cvtepu8_epi32(lb), _mm_set1_epi32(1)), 23);
+    _mm_storeu_ps(sb + total, _mm_castsi128_ps(f));
   }
   // lsb: the smallest exponent of a nonzero x's last significant bit (normal x: field - 150,
   // subnormal: -149); sum_exp: above log2 of the largest token sum of |x| (float sum, +1 for its
