@@ -22,10 +22,10 @@ namespace {
 
 // Activations live in the calling thread's arena (core/arena.h): the step's buffers in the
 // Scope Model::step holds, the temporaries of attention and MoE in one Scope per call and per
-// expert, so after the first chunk no step maps fresh memory. zeros() for buffers that are
-// accumulated into or read before being fully written; raw() for outputs written in full.
+// expert, so after the first chunk no step maps fresh memory. raw(): not zero-filled, for
+// buffers written in full (or, like the window ring, read only where written); buffers that
+// are accumulated into are cleared where they are used.
 using Buf = Floats;
-Buf zeros(int64_t n) { return thread_arena().take(n); }
 Buf raw(int64_t n) { return thread_arena().take(n, /*zero=*/false); }
 
 // Decoded CSA entries held at once for a chunk (floats): 64 MiB.
@@ -210,7 +210,7 @@ void CpuBackend::run_attention(const LayerW& L, const RopeTable& rope, LayerStat
   // positions before the chunk), all entries of a plain-compressed layer, all indexer keys.
   const size_t kvb = ls.kv.bytes();
   const int64_t ring_n = std::min(W, p0);
-  Buf ring = zeros(W * d);
+  Buf ring = raw(W * d);  // only the decoded slots are read: window keys start at p0 - ring_n or later
   for (int64_t j = p0 - ring_n; j < p0; ++j) ls.kv.decode(ls.window_kv.data() + (j % W) * kvb, ring.data() + (j % W) * d);
   // CSA entries too when a chunk has many queries (each reads up to top-k of them) and they are
   // few enough to hold decoded; else each query decodes the ones it selected.
