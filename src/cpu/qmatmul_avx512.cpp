@@ -280,6 +280,7 @@ struct DecMX : DecBase {
     }
     const int f = _mm512_reduce_min_epi32(fmin);
     xs.lsb = f >= 1000 ? 1000 : f - 150;
+    if (n >= (int64_t{1} << 22)) xs.sum_exp = 1000;  // deferral_exact's rounding-growth bound needs K < 2^22
     return xs;
   }
   TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
