@@ -177,6 +177,33 @@ __device__ T block_sum(T v) {
   return warp_sum(s);
 }
 
+// 1 / sqrt(mean(v^2) + eps) over v[0, n), the sum of squares in double (as the CPU's inv_rms).
+// Every thread gets the result; contains __syncthreads (block_sum): call from all threads.
+__device__ __forceinline__ float block_inv_rms(const float* v, int64_t n, double eps) {
+  double ss = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += static_cast<double>(v[i]) * v[i];
+  ss = block_sum(ss);
+  return static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
+}
+
+// In-place normalised Walsh-Hadamard transform of v[0, n) (n a power of two, v in shared memory):
+// stage h adds and subtracts the pairs (j, j + h) within blocks of 2h in the CPU's loop order,
+// then every value is multiplied by 1/sqrt(n). Call from all threads; ends synchronised.
+__device__ __forceinline__ void block_hadamard(float* v, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2) {
+    for (int64_t p = threadIdx.x; p < n / 2; p += blockDim.x) {
+      const int64_t j = (p / h) * 2 * h + (p % h);
+      const float a = v[j], b = v[j + h];
+      v[j] = a + b;
+      v[j + h] = a - b;
+    }
+    __syncthreads();
+  }
+  const float s = static_cast<float>(1.0 / sqrt(static_cast<double>(n)));
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v[i] *= s;
+  __syncthreads();
+}
+
 __device__ __forceinline__ float block_max(float v) {
   __shared__ float part[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;

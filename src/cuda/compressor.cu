@@ -54,10 +54,7 @@ __global__ void compress_pool_kernel(Compressor c) {
     ent[ch] = num / den;
   }
   // RMSNorm with the compressor norm (sum of squares in double, as inv_rms).
-  double ss = 0.0;
-  for (int64_t i = threadIdx.x; i < dout; i += blockDim.x) ss += static_cast<double>(ent[i]) * ent[i];
-  ss = block_sum(ss);  // synchronises: ent[] complete
-  const float rs = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(dout) + c.eps));
+  const float rs = block_inv_rms(ent, dout, c.eps);  // synchronises: ent[] complete
   for (int64_t i = threadIdx.x; i < dout; i += blockDim.x) ent[i] = c.norm[i] * (ent[i] * rs);
   __syncthreads();
   // RoPE at the block's first position.
@@ -77,18 +74,7 @@ __global__ void compress_pool_kernel(Compressor c) {
   const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   if (c.indexer) {
     // Hadamard (the CPU's stage order), then fp4sim per 32 and the Fp4Codec bytes.
-    for (int64_t h = 1; h < dout; h *= 2) {
-      for (int64_t q = threadIdx.x; q < dout / 2; q += blockDim.x) {
-        const int64_t j = (q / h) * 2 * h + (q % h);
-        const float x0 = ent[j], x1 = ent[j + h];
-        ent[j] = x0 + x1;
-        ent[j + h] = x0 - x1;
-      }
-      __syncthreads();
-    }
-    const float hs = static_cast<float>(1.0 / sqrt(static_cast<double>(dout)));
-    for (int64_t i = threadIdx.x; i < dout; i += blockDim.x) ent[i] *= hs;
-    __syncthreads();
+    block_hadamard(ent, dout);
     for (int64_t blk = warp; blk < dout / 32; blk += nw) {
       warp_fp4sim(ent + 32 * blk, 32);
       __syncwarp();

@@ -12,10 +12,7 @@ __global__ void rmsnorm_kernel(const float* x, int64_t ldx, const float* __restr
                                int64_t ldy) {
   const float* xr = x + blockIdx.x * ldx;
   float* yr = y + blockIdx.x * ldy;
-  double ss = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
-  ss = block_sum(ss);
-  const float rs = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
+  const float rs = block_inv_rms(xr, n, eps);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (w ? w[i] : 1.0f) * (xr[i] * rs);
 }
 
@@ -88,18 +85,8 @@ __global__ void hadamard_kernel(float* x, int64_t n, int64_t ld) {
   float* xr = x + blockIdx.x * ld;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) hs[i] = xr[i];
   __syncthreads();
-  // Stage h pairs (j, j + h) within blocks of 2h: the CPU's loop order, one pair per thread.
-  for (int64_t h = 1; h < n; h *= 2) {
-    for (int64_t p = threadIdx.x; p < n / 2; p += blockDim.x) {
-      const int64_t j = (p / h) * 2 * h + (p % h);
-      const float a = hs[j], b = hs[j + h];
-      hs[j] = a + b;
-      hs[j + h] = a - b;
-    }
-    __syncthreads();
-  }
-  const float s = static_cast<float>(1.0 / sqrt(static_cast<double>(n)));
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] = hs[i] * s;
+  block_hadamard(hs, n);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] = hs[i];
 }
 
 __global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) {

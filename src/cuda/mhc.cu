@@ -15,11 +15,8 @@ __global__ void hc_pre_kernel(const float* __restrict__ X, int64_t hc, int64_t D
   __shared__ float pre[kMaxHc];
   const int64_t t = blockIdx.x, n = hc * D, M = (2 + hc) * hc;
   const float* xf = X + t * n;
-  double ss = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += static_cast<double>(xf[i]) * xf[i];
-  ss = block_sum(ss);
+  const float rs = block_inv_rms(xf, n, eps);
   if (threadIdx.x == 0) {
-    const float rs = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
     float m[(2 + kMaxHc) * kMaxHc];
     for (int64_t k = 0; k < M; ++k) m[k] = mixes[t * M + k] * rs;
     for (int64_t i = 0; i < hc; ++i) pre[i] = sigmoidf_(mul_add(m[i], scale[0], base[i])) + hc_eps;
@@ -84,11 +81,8 @@ __global__ void hc_head_kernel(const float* __restrict__ X, int64_t hc, int64_t 
   __shared__ float p[kMaxHc];
   const int64_t t = blockIdx.x, n = hc * D;
   const float* xf = X + t * n;
-  double ss = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += static_cast<double>(xf[i]) * xf[i];
-  ss = block_sum(ss);
+  const float rs = block_inv_rms(xf, n, eps);
   if (threadIdx.x == 0) {
-    const float rs = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
     for (int64_t i = 0; i < hc; ++i)
       p[i] = sigmoidf_(mul_add(__fmul_rn(mixes[t * hc + i], rs), scale[0], base[i])) + hc_eps;
   }
