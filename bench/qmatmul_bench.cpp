@@ -24,7 +24,7 @@
 
 #include "core/threads.h"
 #include "core/weight.h"
-#include "cpu/qmatmul.h"
+#include "kernels/cpu/qmatmul.h"
 #include "tools/roofline.h"
 
 using namespace dsv4;

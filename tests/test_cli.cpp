@@ -10,9 +10,9 @@
 #include <fstream>
 
 #include "test_util.h"
-#include "io/npy.h"
+#include "tools/npy.h"
 #include "io/safetensors.h"
-#include "model/score.h"
+#include "engine/score.h"
 
 using namespace dsv4;
 using namespace dsv4::testing;

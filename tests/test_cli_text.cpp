@@ -79,8 +79,14 @@ TEST(CliText, GenerateOnDemoModelStreamsAndReportsTiming) {
   EXPECT_NE(r.err.find("prompt tokens"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("decode"), std::string::npos) << r.err;
   EXPECT_EQ(run(gen).out, r.out);  // same seed, same text
-  Out think = run("generate --model " + model + " --prompt 'Hello there' -n 8 --show-reasoning");
+  // Thinking mode streams the reasoning as it comes, to stderr, marked (dimmed on a terminal),
+  // unless --hide-reasoning; the random model rarely closes its reasoning, so stdout may be empty.
+  Out think = run("generate --model " + model + " --prompt 'Hello there' -n 8");
   EXPECT_EQ(think.status, 0) << think.err;
+  EXPECT_NE(think.err.find("[reasoning]"), std::string::npos) << think.err;
+  Out hidden = run("generate --model " + model + " --prompt 'Hello there' -n 8 --hide-reasoning");
+  EXPECT_EQ(hidden.status, 0) << hidden.err;
+  EXPECT_EQ(hidden.err.find("[reasoning]"), std::string::npos) << hidden.err;
   EXPECT_EQ(run("generate --model " + model + " --prompt hi --mode poetry").status, 2);
   EXPECT_EQ(run("generate --model " + model + " --prompt hi --top-p 0").status, 1);
   // A tokenizer larger than the model's vocabulary is refused up front.
@@ -95,5 +101,7 @@ TEST(CliText, GenerateOnDemoModelStreamsAndReportsTiming) {
   size_t turns = 0;
   for (size_t at = chat.err.find("prompt tokens"); at != std::string::npos; at = chat.err.find("prompt tokens", at + 1)) ++turns;
   EXPECT_EQ(turns, 3u) << chat.err;
+  // The turn after a turn reuses the conversation's state: it prefills only what is new.
+  EXPECT_NE(chat.err.find("reused)"), std::string::npos) << chat.err;
   fs::remove_all(fs::path(model).parent_path());
 }

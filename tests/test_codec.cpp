@@ -54,7 +54,8 @@ TEST(CacheCost, BytesPerTokenPerLayerKind) {
   c.index_dim = 128;
   const double kv = 448 + 7 + 256;
   EXPECT_DOUBLE_EQ(layer_cache_cost(c, 0).bytes_per_token, 0.0);
-  EXPECT_EQ(layer_cache_cost(c, 0).fixed_bytes, static_cast<size_t>(128 * kv));
+  // The window ring holds window + kRewind positions (a rewind must not lose window rows).
+  EXPECT_EQ(layer_cache_cost(c, 0).fixed_bytes, static_cast<size_t>((128 + kRewind) * kv));
   EXPECT_DOUBLE_EQ(layer_cache_cost(c, 128).bytes_per_token, kv / 128);
   EXPECT_DOUBLE_EQ(layer_cache_cost(c, 4).bytes_per_token, kv / 4 + 68.0 / 4);
 }

@@ -7,9 +7,11 @@
 #include <cstdio>
 
 #include "core/error.h"
-#include "io/npy.h"
-#include "model/cuda_backend.h"
-#include "model/score.h"
+#include "tools/npy.h"
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_backend.h"
+#include "engine/score.h"
+#include "model/forward.h"
 #include "test_cuda_util.h"
 #include "test_util.h"
 
@@ -26,6 +28,28 @@ Model cuda_model(const std::string& dir, int64_t context, int64_t max_chunk = 51
   o.context = context;
   o.max_chunk = max_chunk;
   return Model(load_model(dir), [&](const ModelWeights& w) { return make_cuda_backend(w, o); });
+}
+
+Model cpu_model_of(const std::string& dir) { return Model(load_model(dir), make_cpu_backend); }
+
+// score_tokens (engine/score.h) on a Model: the first `prefill` tokens in chunks of `chunk`
+// (0 = one), the rest one at a time; all logits.
+std::vector<float> score_tokens(const Model& m, const std::vector<int32_t>& tokens, int64_t prefill, int64_t chunk) {
+  const int64_t T = static_cast<int64_t>(tokens.size()), V = m.config().vocab;
+  std::vector<float> out(static_cast<size_t>(T * V));
+  SequenceState st = m.new_sequence();
+  const int64_t step = chunk == 0 ? std::max<int64_t>(prefill, 1) : chunk;
+  for (int64_t p = 0; p < T;) {
+    const int64_t n = p < prefill ? std::min(step, prefill - p) : 1;
+    m.step(Stack::Main, {{&st, tokens.data() + p, n, Rows::All, out.data() + p * V, nullptr, nullptr}});
+    p += n;
+  }
+  return out;
+}
+
+// One chunk at the sequence's next positions.
+void feed(const Model& m, SequenceState& st, const int32_t* tokens, int64_t n, float* logits, Rows rows = Rows::All) {
+  m.step(Stack::Main, {{&st, tokens, n, rows, logits, nullptr, nullptr}});
 }
 
 double max_rel(const std::vector<float>& a, const std::vector<float>& b, int64_t T, int64_t V) {
@@ -62,7 +86,7 @@ void run_golden_case(const std::string& name) {
   for (int64_t t = 0; t < T; ++t) agree += argmax(got.data() + t * V, V) == argmax(want.data.data() + t * V, V);
   const double pct = 100.0 * static_cast<double>(agree) / static_cast<double>(T);
 
-  Model cpu_model(load_model(dir + "/model"));
+  Model cpu_model = cpu_model_of(dir + "/model");
   const std::vector<float> cpu = score_tokens(cpu_model, tokens, prefill, 0);
   const double vs_cpu = max_rel(got, cpu, T, V);
   std::printf("[cuda golden %s] median rel L2 %.3g, max %.3g, argmax %.1f%%; vs CPU backend max %.3g\n", name.c_str(), median,
@@ -100,7 +124,7 @@ TEST_F(CudaForward, ChunkSizesAgree) {
   }
 }
 
-// A workspace smaller than the chunk: Model::forward feeds it in pieces, same logits.
+// A workspace smaller than the chunk: Model::step feeds it in pieces, same logits.
 TEST_F(CudaForward, WorkspacePiecesEqualOneShot) {
   const std::string dir = golden_dir("tiny-native");
   const std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
@@ -108,11 +132,11 @@ TEST_F(CudaForward, WorkspacePiecesEqualOneShot) {
   Model big = cuda_model(dir + "/model", T), small = cuda_model(dir + "/model", T, 8);
   const int64_t V = big.config().vocab;
   EXPECT_LE(max_rel(score_tokens(small, tokens, T, 0), score_tokens(big, tokens, T, 0), T, V), 1e-5);
-  // Logits::Last of a split chunk is the last row of All.
+  // Rows::Last of a split chunk is the last row of All.
   SequenceState a = small.new_sequence(), b = small.new_sequence();
   std::vector<float> all(static_cast<size_t>(30 * V)), last(static_cast<size_t>(V));
-  small.forward(a, tokens.data(), 30, all.data());
-  small.forward(b, tokens.data(), 30, last.data(), Model::Logits::Last);
+  feed(small, a, tokens.data(), 30, all.data());
+  feed(small, b, tokens.data(), 30, last.data(), Rows::Last);
   EXPECT_EQ(std::vector<float>(all.end() - V, all.end()), last);
 }
 
@@ -132,9 +156,9 @@ TEST_F(CudaForward, ContextLimitAndForeignState) {
   Model model = cuda_model(dir + "/model", 16);
   SequenceState st = model.new_sequence();
   std::vector<float> logits(static_cast<size_t>(model.config().vocab));
-  model.forward(st, tokens.data(), 16, logits.data(), Model::Logits::Last);
-  EXPECT_THROW(model.forward(st, tokens.data() + 16, 1, logits.data()), Error);
-  Model cpu(load_model(dir + "/model"));
+  feed(model, st, tokens.data(), 16, logits.data(), Rows::Last);
+  EXPECT_THROW(feed(model, st, tokens.data() + 16, 1, logits.data()), Error);
+  Model cpu = cpu_model_of(dir + "/model");
   SequenceState cpu_st = cpu.new_sequence();
-  EXPECT_THROW(model.forward(cpu_st, tokens.data(), 1, logits.data()), Error);
+  EXPECT_THROW(feed(model, cpu_st, tokens.data(), 1, logits.data()), Error);
 }

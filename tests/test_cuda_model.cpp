@@ -10,11 +10,11 @@
 #include "io/config.h"
 #include "kv/codec.h"
 #include "kv/state.h"
-#include "model/attention.h"
-#include "model/compressor.h"
-#include "model/mhc.h"
-#include "model/moe.h"
-#include "model/ops.h"
+#include "backends/cpu/attention.h"
+#include "backends/cpu/compressor.h"
+#include "backends/cpu/mhc.h"
+#include "backends/cpu/moe.h"
+#include "backends/cpu/ops.h"
 #include "model/weights.h"
 #include "test_cuda_util.h"
 
@@ -446,13 +446,8 @@ std::pair<std::vector<float>, std::vector<float>> run_both(const CompCase& k, in
   const RopeTable rope = make_rope(k.rope, 160000.0, true, 16.0, 65536, 32.0, 1.0);
   const std::vector<float> x = randv(g, static_cast<size_t>(N * k.D));
 
-  CompressorState st;
-  st.ratio = k.ratio;
-  st.width = width;
-  st.cur_a.assign(static_cast<size_t>(k.ratio * width), 0.0f);
-  st.cur_s = st.cur_a;
-  st.prev_a = st.cur_a;
-  st.prev_s = st.cur_a;
+  CompressorState st = make_compressor_state(k.ratio, k.dout);
+  EXPECT_EQ(st.width, width);
   std::vector<float> cpu;
 
   const gpu::DeviceWeight dkv = gpu::upload_weight(w.wkv), dgate = gpu::upload_weight(w.wgate);

@@ -7,8 +7,8 @@
 
 #include "core/formats.h"
 #include "kv/codec.h"
-#include "model/moe.h"
-#include "model/ops.h"
+#include "backends/cpu/moe.h"
+#include "backends/cpu/ops.h"
 #include "test_cuda_util.h"
 
 using namespace dsv4;

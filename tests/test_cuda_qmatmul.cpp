@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "core/error.h"
-#include "cpu/qmatmul.h"
+#include "kernels/cpu/qmatmul.h"
 #include "test_cuda_util.h"
 
 using namespace dsv4;

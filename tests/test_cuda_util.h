@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/weight.h"
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "test_weights.h"
 
 namespace dsv4::testing {

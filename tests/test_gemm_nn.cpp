@@ -4,8 +4,8 @@
 #include <cstring>
 #include <random>
 
-#include "cpu/gemm_nn.h"
-#include "cpu/qmatmul.h"
+#include "kernels/cpu/gemm_nn.h"
+#include "kernels/cpu/qmatmul.h"
 
 using namespace dsv4;
 

@@ -6,9 +6,9 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "gen/generate.h"
+#include "engine/generate.h"
 #include "test_util.h"
-#include "model/score.h"
+#include "engine/score.h"
 
 using namespace dsv4;
 using namespace dsv4::testing;
@@ -34,7 +34,7 @@ class Generate : public ::testing::Test {
     std::string t = tokenizer_dir();
     if (!std::filesystem::exists(t + "/tokenizer.json")) return;
     tok_ = new Tokenizer(Tokenizer::load(t));
-    model_ = new Model(load_model(golden_dir("tiny-native") + "/model"));
+    model_ = new Engine({.model_dir = golden_dir("tiny-native") + "/model", .tokenizer = t + "/tokenizer.json"});
   }
   static void TearDownTestSuite() {
     delete tok_;
@@ -46,13 +46,13 @@ class Generate : public ::testing::Test {
     if (!tok_) GTEST_SKIP() << "no tokenizer.json in " << tokenizer_dir() << " (scripts/test.sh fetches it)";
   }
   GenerateResult gen(const std::vector<int32_t>& prompt, const GenerateOptions& o, std::vector<std::string>* pieces = nullptr) {
-    Session s = new_session(*model_);
-    return generate(*model_, s, *tok_, prompt, o, [&](std::string_view t) {
+    Session s = new_session(*model_, o);
+    return generate(*model_, s, prompt, o, [&](std::string_view t) {
       if (pieces) pieces->emplace_back(t);
     });
   }
   static inline Tokenizer* tok_ = nullptr;
-  static inline Model* model_ = nullptr;
+  static inline Engine* model_ = nullptr;
   const std::vector<int32_t> prompt_ = {0, 17, 254, 3, 99, 512, 7, 81};
 };
 
@@ -67,7 +67,7 @@ TEST_F(Generate, GreedyEqualsArgmaxOfScore) {
   std::vector<int32_t> all = prompt_;
   all.insert(all.end(), r.tokens.begin(), r.tokens.end());
   std::vector<float> logits = score_tokens(*model_, all, static_cast<int64_t>(prompt_.size()), 0);
-  const int64_t V = model_->config().vocab;
+  const int64_t V = model_->info().vocab;
   for (size_t i = 0; i < r.tokens.size(); ++i) {
     const float* row = logits.data() + (prompt_.size() - 1 + i) * V;
     EXPECT_EQ(std::max_element(row, row + V) - row, r.tokens[i]) << "step " << i;
@@ -157,14 +157,70 @@ TEST_F(Generate, ContextLimitAndBadPrompt) {
 TEST_F(Generate, SessionReusesThePrefix) {
   GenerateOptions o;
   o.max_new_tokens = 4;
-  Session s = new_session(*model_);
-  GenerateResult a = generate(*model_, s, *tok_, prompt_, o, nullptr);
-  std::vector<int32_t> longer = s.fed;
+  Session s = new_session(*model_, o);
+  GenerateResult a = generate(*model_, s, prompt_, o, nullptr);
+  std::vector<int32_t> longer = s.seq.tokens();
   longer.push_back(5);
   longer.push_back(6);
-  GenerateResult b = generate(*model_, s, *tok_, longer, o, nullptr);
+  GenerateResult b = generate(*model_, s, longer, o, nullptr);
   EXPECT_EQ(b.prompt_tokens, 2);
-  Session fresh = new_session(*model_);
-  GenerateResult c = generate(*model_, fresh, *tok_, longer, o, nullptr);
+  EXPECT_EQ(b.reused_tokens, static_cast<int64_t>(longer.size()) - 2);
+  Session fresh = new_session(*model_, o);
+  GenerateResult c = generate(*model_, fresh, longer, o, nullptr);
   EXPECT_EQ(b.tokens, c.tokens);
+}
+
+// A follow-up prompt that diverges from the live sequence right after the previous prompt (as
+// thinking mode does when it drops the reasoning) reuses the snapshot taken at the prompt's
+// end, and prefills only the rest: same output as a fresh session.
+TEST_F(Generate, SessionReusesThePromptSnapshot) {
+  GenerateOptions o;
+  o.max_new_tokens = 30;
+  Session s = new_session(*model_, o);
+  GenerateResult a = generate(*model_, s, prompt_, o, nullptr);
+  ASSERT_GT(s.seq.pos(), static_cast<int64_t>(prompt_.size()) + kCheapRewind) << "needs a long first answer";
+  std::vector<int32_t> next = prompt_;
+  next.insert(next.end(), {9, 10, 11});
+  GenerateResult b = generate(*model_, s, next, o, nullptr);
+  EXPECT_EQ(b.reused_tokens, static_cast<int64_t>(prompt_.size()));
+  EXPECT_EQ(b.prompt_tokens, 3);
+  Session fresh = new_session(*model_, o);
+  GenerateResult c = generate(*model_, fresh, next, o, nullptr);
+  EXPECT_EQ(b.tokens, c.tokens);
+}
+
+// Greedy speculative decoding with MTP drafts gives exactly the plain greedy output, for every
+// draft length, including across a multi-turn session (prefix reuse + drafting).
+TEST_F(Generate, DraftEqualsPlainGreedy) {
+  GenerateOptions plain;
+  plain.max_new_tokens = 40;
+  GenerateResult want = gen(prompt_, plain);
+  ASSERT_GT(want.tokens.size(), 20u);
+  for (int64_t n : {1, 2, 3, 5, 16}) {
+    GenerateOptions o = plain;
+    o.draft = n;
+    GenerateResult got = gen(prompt_, o);
+    EXPECT_EQ(got.tokens, want.tokens) << "draft " << n;
+    EXPECT_EQ(got.stop_reason, want.stop_reason) << "draft " << n;
+    EXPECT_EQ(got.accepted + got.steps + 1, static_cast<int64_t>(got.tokens.size()) + (got.stop_reason == "max_tokens" ? 0 : 1))
+        << "each step yields its accepted drafts plus one token";
+    EXPECT_LE(got.accepted, got.drafted);
+  }
+  // With penalties the sampler's choice depends on the history: still identical.
+  plain.sampling.repetition_penalty = 1.3f;
+  GenerateResult want_p = gen(prompt_, plain);
+  GenerateOptions o = plain;
+  o.draft = 4;
+  EXPECT_EQ(gen(prompt_, o).tokens, want_p.tokens);
+  // Follow-up turns in one session.
+  Session a = new_session(*model_, o), b = new_session(*model_, plain);
+  std::vector<int32_t> p = prompt_;
+  for (int turn = 0; turn < 3; ++turn) {
+    GenerateResult ra = generate(*model_, a, p, o, nullptr), rb = generate(*model_, b, p, plain, nullptr);
+    EXPECT_EQ(ra.tokens, rb.tokens) << "turn " << turn;
+    p = b.seq.tokens();
+    p.insert(p.end(), {static_cast<int32_t>(40 + turn), 41});
+  }
+  o.sampling.temperature = 0.7f;
+  EXPECT_THROW(gen(prompt_, o), Error);
 }

@@ -7,10 +7,11 @@
 #include <cmath>
 
 #include "test_util.h"
-#include "io/npy.h"
+#include "tools/npy.h"
 #include "io/safetensors.h"
-#include "cpu/qmatmul.h"
-#include "model/score.h"
+#include "kernels/cpu/qmatmul.h"
+#include "engine/engine.h"
+#include "engine/score.h"
 
 using namespace dsv4;
 using namespace dsv4::testing;
@@ -29,8 +30,8 @@ void run_golden_case(const std::string& name) {
   ASSERT_EQ(want.shape.size(), 2u);
   ASSERT_EQ(want.shape[0], T);
 
-  Model model(load_model(dir + "/model"));
-  const int64_t V = model.config().vocab;
+  Engine model({.model_dir = dir + "/model"});
+  const int64_t V = model.info().vocab;
   ASSERT_EQ(want.shape[1], V);
   std::vector<float> got = score_tokens(model, tokens, cs["prefill"].get<int64_t>(), 0);
   std::vector<double> err = rel_l2_rows(got.data(), want.data.data(), T, V);
@@ -63,9 +64,9 @@ TEST(Invariants, ChunkSizesAgree) {
   for (const char* name : {"tiny-native", "tiny-nvfp4-sharded"}) {
     std::string dir = golden_dir(name);
     ASSERT_FALSE(dir.empty());
-    Model model(load_model(dir + "/model"));
+    Engine model({.model_dir = dir + "/model"});
     std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
-    const int64_t T = static_cast<int64_t>(tokens.size()), V = model.config().vocab;
+    const int64_t T = static_cast<int64_t>(tokens.size()), V = model.info().vocab;
     std::vector<float> all = score_tokens(model, tokens, T, 0);
     for (int64_t chunk : {1, 3, 7}) {
       std::vector<float> got = score_tokens(model, tokens, T, chunk);
@@ -82,7 +83,7 @@ TEST(Invariants, ChunkSizesAgree) {
 // between sequences, e.g. the ratio-4 compressor's previous block).
 TEST(Invariants, SequencesDoNotLeak) {
   std::string dir = golden_dir("tiny-native");
-  Model model(load_model(dir + "/model"));
+  Engine model({.model_dir = dir + "/model"});
   std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
   std::vector<float> a = score_tokens(model, tokens, 40, 0);
   std::vector<float> b = score_tokens(model, tokens, 40, 0);
@@ -102,9 +103,9 @@ TEST(Invariants, ShardedEqualsSingleFile) {
   std::filesystem::copy_file(src + "/model/config.json", out + "/config.json");
   ASSERT_TRUE(std::filesystem::exists(out + "/model.safetensors.index.json"));
   std::vector<int32_t> tokens = read_tokens(src + "/tokens.txt");
-  Model single(load_model(src + "/model"));
-  Model sharded(load_model(out));
-  EXPECT_EQ(sharded.weights().store.files().size(), 3u);
+  Engine single({.model_dir = src + "/model"});
+  Engine sharded({.model_dir = out});
+  EXPECT_EQ(TensorStore::open_dir(out).files().size(), 3u);
   EXPECT_EQ(score_tokens(single, tokens, 40, 0), score_tokens(sharded, tokens, 40, 0));
   std::filesystem::remove_all(out);
 }
@@ -113,9 +114,10 @@ TEST(Invariants, ShardedEqualsSingleFile) {
 TEST(Invariants, ReadEqualsMmap) {
   std::string dir = golden_dir("tiny-nvfp4-sharded");
   std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
-  Model mapped(load_model(dir + "/model", LoadMode::Mmap));
-  Model read(load_model(dir + "/model", LoadMode::Read));
-  EXPECT_EQ(read.weights().store.load_mode(), LoadMode::Read);
+  Engine mapped({.model_dir = dir + "/model", .load = WeightLoad::Mmap});
+  Engine read({.model_dir = dir + "/model", .load = WeightLoad::Read});
+  EXPECT_EQ(read.info().load, "read");
+  EXPECT_EQ(mapped.info().load, "mmap");
   EXPECT_EQ(score_tokens(mapped, tokens, 40, 0), score_tokens(read, tokens, 40, 0));
 }
 
@@ -130,9 +132,9 @@ TEST(Invariants, EveryIsaPassesGoldenAndChunking) {
     SCOPED_TRACE(isa_name(isa));
     for (const char* name : {"tiny-native", "tiny-nvfp4-sharded", "tiny-hf-bf16-sharded"}) run_golden_case(name);
     std::string dir = golden_dir("tiny-native");
-    Model model(load_model(dir + "/model"));
+    Engine model({.model_dir = dir + "/model"});
     std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
-    const int64_t T = static_cast<int64_t>(tokens.size()), V = model.config().vocab;
+    const int64_t T = static_cast<int64_t>(tokens.size()), V = model.info().vocab;
     std::vector<float> all = score_tokens(model, tokens, T, 0);
     for (int64_t chunk : {1, 7}) EXPECT_LE(max_rel(score_tokens(model, tokens, T, chunk), all, T, V), 1e-5) << "chunk " << chunk;
   }
@@ -141,12 +143,13 @@ TEST(Invariants, EveryIsaPassesGoldenAndChunking) {
 
 TEST(Invariants, LastLogitsEqualLastRowOfAll) {
   std::string dir = golden_dir("tiny-native");
-  Model model(load_model(dir + "/model"));
+  Engine model({.model_dir = dir + "/model"});
   std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
-  const int64_t T = 30, V = model.config().vocab;
-  SequenceState a = model.new_sequence(), b = model.new_sequence();
-  std::vector<float> all(static_cast<size_t>(T * V)), last(static_cast<size_t>(V));
-  model.forward(a, tokens.data(), T, all.data());
-  model.forward(b, tokens.data(), T, last.data(), Model::Logits::Last);
+  const int64_t T = 30, V = model.info().vocab;
+  Sequence a = model.new_sequence(), b = model.new_sequence();
+  std::vector<int32_t> head(tokens.begin(), tokens.begin() + T);
+  std::vector<float> all = model.step({{&a, head, Rows::All}})[0].logits;
+  std::vector<float> last = model.step({{&b, head, Rows::Last}})[0].logits;
+  ASSERT_EQ(static_cast<int64_t>(all.size()), T * V);
   EXPECT_EQ(std::vector<float>(all.end() - V, all.end()), last);
 }

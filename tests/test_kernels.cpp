@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "core/weight.h"
-#include "cpu/qmatmul.h"
+#include "kernels/cpu/qmatmul.h"
 #include "test_weights.h"
 
 using namespace dsv4;

@@ -18,11 +18,11 @@
 #include "core/weight.h"
 #include "io/config.h"
 #include "kv/state.h"
-#include "model/attention.h"
-#include "model/compressor.h"
-#include "model/mhc.h"
-#include "model/moe.h"
-#include "model/ops.h"
+#include "backends/cpu/attention.h"
+#include "backends/cpu/compressor.h"
+#include "backends/cpu/mhc.h"
+#include "backends/cpu/moe.h"
+#include "backends/cpu/ops.h"
 #include "model/weights.h"
 
 using namespace dsv4;
@@ -697,7 +697,7 @@ std::vector<std::vector<double>> ref_compress(const CompCase& k, const std::vect
 // Runs the library compressor over x [N, D] in chunks of the given sizes (cycled).
 std::vector<float> run_compress(const CompCase& k, const RopeTable& rope, const std::vector<float>& x, int64_t N,
                                 const std::vector<int64_t>& chunks, bool indexer) {
-  SequenceState st = make_sequence_state(k.cfg);
+  SequenceState st = make_sequence_state(k.cfg, false);
   CompressorState& s = indexer ? st.layers[0].index_comp : st.layers[0].comp;
   EXPECT_EQ(s.width, k.w.coff * k.w.out_dim);
   std::vector<float> entries;

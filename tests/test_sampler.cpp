@@ -5,7 +5,7 @@
 #include <map>
 
 #include "core/error.h"
-#include "gen/sampler.h"
+#include "engine/sampler.h"
 
 using namespace dsv4;
 

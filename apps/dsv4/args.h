@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "io/safetensors.h"
+#include "engine/engine.h"
 
 namespace dsv4::cli {
 
@@ -30,8 +30,9 @@ class Args {
         continue;
       }
       if (i + 1 >= argc) throw Usage("option " + a + " needs a value");
-      if (kv_.count(key) && key != "stop") throw Usage("option " + a + " given twice");
-      if (key == "stop") stops_.push_back(argv[i + 1]);
+      const bool multi = key == "stop" || key == "tokens" || key == "out";  // may repeat
+      if (kv_.count(key) && !multi) throw Usage("option " + a + " given twice");
+      if (multi) multi_[key].push_back(argv[i + 1]);
       kv_[key] = argv[++i];
     }
   }
@@ -47,10 +48,13 @@ class Args {
     return it->second;
   }
   std::string str(const std::string& k, const std::string& def) const { return has(k) ? str(k) : def; }
-  const std::vector<std::string>& all_stop() const {
-    used_["stop"] = true;
-    return stops_;
+  // Every value of an option that may repeat (--stop, --tokens, --out), in order.
+  std::vector<std::string> all(const std::string& k) const {
+    used_[k] = true;
+    auto it = multi_.find(k);
+    return it == multi_.end() ? std::vector<std::string>{} : it->second;
   }
+  std::vector<std::string> all_stop() const { return all("stop"); }
   int64_t integer(const std::string& k, int64_t def) const {
     if (!has(k)) return def;
     std::string v = str(k);
@@ -74,14 +78,14 @@ class Args {
 
  private:
   std::map<std::string, std::string> kv_;
-  std::vector<std::string> stops_;
+  std::map<std::string, std::vector<std::string>> multi_;
   mutable std::map<std::string, bool> used_;
 };
 
 // --load auto|mmap|read (default auto).
-inline LoadMode load_mode_option(const Args& a) {
+inline WeightLoad load_mode_option(const Args& a) {
   try {
-    return parse_load_mode(a.str("load", "auto"));
+    return parse_weight_load(a.str("load", "auto"));
   } catch (const Usage&) {
     throw;
   } catch (const Error& e) {

@@ -6,14 +6,24 @@
 
 #include "args.h"
 #include "device.h"
-#include "core/threads.h"
-#include "io/npy.h"
-#include "model/forward.h"
-#include "model/score.h"
+#include "engine/score.h"
 #include "tools/bench.h"
+#include "tools/inspect.h"
 #include "tools/make_tiny.h"
+#include "tools/npy.h"
 
 namespace dsv4::cli {
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  for (;;) {
+    size_t j = s.find(',', i);
+    out.push_back(s.substr(i, j == std::string::npos ? std::string::npos : j - i));
+    if (j == std::string::npos) return out;
+    i = j + 1;
+  }
+}
 
 std::vector<int32_t> parse_tokens(const std::string& s) {
   std::vector<int32_t> out;
@@ -38,36 +48,60 @@ std::vector<int32_t> parse_tokens(const std::string& s) {
 }
 
 int cmd_score(const Args& a) {
-  const std::string dir = a.str("model"), out = a.str("out");
-  std::vector<int32_t> tokens = parse_tokens(a.str("tokens"));
-  const int64_t T = static_cast<int64_t>(tokens.size());
-  const int64_t prefill = a.integer("prefill", T);
+  const std::string dir = a.str("model");
+  std::vector<std::string> token_args = a.all("tokens"), outs = a.all("out");
+  const std::string mtp_out = a.str("mtp-out", "");
+  const bool have_prefill = a.has("prefill");
+  const int64_t prefill_arg = a.integer("prefill", 0);
   const int64_t chunk = a.integer("chunk", 0);
-  set_threads(static_cast<int>(a.integer("threads", 0)));
-  const LoadMode load = load_mode_option(a);
-  const Device device = device_option(a);
+  EngineOptions eo;
+  eo.model_dir = dir;
+  eo.threads = static_cast<int>(a.integer("threads", 0));
+  eo.load = load_mode_option(a);
+  eo.device = device_option(a);
   a.check_all_used();
-  if (T == 0) throw Usage("--tokens is empty");
-  if (prefill < 0 || prefill > T) throw Usage("--prefill must be in [0, " + std::to_string(T) + "], got " + std::to_string(prefill));
+  if (token_args.empty()) throw Usage("missing required option --tokens");
+  if (outs.size() != token_args.size())
+    throw Usage("give one --out per --tokens (" + std::to_string(token_args.size()) + " --tokens, " + std::to_string(outs.size()) + " --out)");
+  if (!mtp_out.empty() && token_args.size() != 1) throw Usage("--mtp-out takes one sequence (one --tokens)");
   if (chunk < 0) throw Usage("--chunk must be >= 1 (or 0 for all), got " + std::to_string(chunk));
+  std::vector<ScoreJob> jobs(token_args.size());
+  int64_t total = 0, longest = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    jobs[j].tokens = parse_tokens(token_args[j]);
+    const int64_t T = static_cast<int64_t>(jobs[j].tokens.size());
+    if (T == 0) throw Usage("--tokens is empty");
+    jobs[j].prefill = have_prefill ? prefill_arg : T;
+    if (jobs[j].prefill < 0 || jobs[j].prefill > T)
+      throw Usage("--prefill must be in [0, " + std::to_string(T) + "], got " + std::to_string(jobs[j].prefill));
+    jobs[j].chunk = chunk;
+    jobs[j].mtp = !mtp_out.empty();
+    if (jobs[j].mtp && T < 2) throw Usage("--mtp-out needs at least 2 tokens");
+    total += T;
+    longest = std::max(longest, T);
+  }
+  if (eo.device == Device::Cuda) eo.context = longest;  // the caches are sized for it
 
   auto t0 = std::chrono::steady_clock::now();
-  Model model = make_model(load_model(dir, load), device, T);
-  const int64_t V = model.config().vocab;
-  for (int64_t i = 0; i < T; ++i)
-    if (tokens[i] >= V)
-      throw Error("--tokens: token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
-                  " is >= vocab_size " + std::to_string(V) + " of " + dir);
+  Engine engine(eo);
+  const int64_t V = engine.info().vocab;
+  for (size_t j = 0; j < jobs.size(); ++j)
+    for (size_t i = 0; i < jobs[j].tokens.size(); ++i)
+      if (jobs[j].tokens[i] >= V)
+        throw Error("--tokens: token id " + std::to_string(jobs[j].tokens[i]) + " at index " + std::to_string(i) +
+                    " is >= vocab_size " + std::to_string(V) + " of " + dir);
+  if (!mtp_out.empty() && !engine.info().has_mtp) throw Error("--mtp-out: " + dir + " has no MTP block");
   auto t1 = std::chrono::steady_clock::now();
-
-  std::vector<float> logits = score_tokens(model, tokens, prefill, chunk);
+  score(engine, jobs);
   auto t2 = std::chrono::steady_clock::now();
-  write_npy_f32(out, {T, V}, logits.data());
+  for (size_t j = 0; j < jobs.size(); ++j)
+    write_npy_f32(outs[j], {static_cast<int64_t>(jobs[j].tokens.size()), V}, jobs[j].logits.data());
+  if (!mtp_out.empty()) write_npy_f32(mtp_out, {static_cast<int64_t>(jobs[0].tokens.size()) - 1, V}, jobs[0].mtp_logits.data());
 
   auto sec = [](auto x, auto y) { return std::chrono::duration<double>(y - x).count(); };
-  std::fprintf(stderr, "dsv4 score: %lld tokens (%lld prefill, %lld decode) on %s, load %.2fs, forward %.2fs -> %s\n",
-               static_cast<long long>(T), static_cast<long long>(prefill), static_cast<long long>(T - prefill), model.device(),
-               sec(t0, t1), sec(t1, t2), out.c_str());
+  std::fprintf(stderr, "dsv4 score: %zu sequence%s, %lld tokens on %s, load %.2fs, forward %.2fs -> %s%s%s\n", jobs.size(),
+               jobs.size() == 1 ? "" : "s", static_cast<long long>(total), engine.info().device.c_str(), sec(t0, t1), sec(t1, t2),
+               outs[0].c_str(), outs.size() > 1 ? ", ..." : "", mtp_out.empty() ? "" : (" (+ MTP " + mtp_out + ")").c_str());
   return 0;
 }
 
@@ -89,42 +123,7 @@ int cmd_make_tiny(const Args& a) {
 int cmd_inspect(const Args& a) {
   const std::string dir = a.str("model");
   a.check_all_used();
-  ModelWeights w = load_model(dir, LoadMode::Mmap);  // looks at headers only
-  const ModelConfig& c = w.cfg;
-  std::printf("model:     %s\n", dir.c_str());
-  std::printf("format:    %s\n", w.format_summary().c_str());
-  std::printf("files:     %zu safetensors file(s)\n", w.store.files().size());
-  std::printf("config:    vocab %lld, hidden %lld, layers %lld, heads %lld x %lld (rope %lld), q_lora %lld, o %lldx%lld\n",
-              (long long)c.vocab, (long long)c.dim, (long long)c.n_layers, (long long)c.n_heads, (long long)c.head_dim,
-              (long long)c.rope_dim, (long long)c.q_lora, (long long)c.o_groups, (long long)c.o_lora);
-  std::printf("           window %lld, experts %lld (top %lld, inter %lld, hash layers %lld), hc %lld, index %lldx%lld top %lld, mtp %lld\n",
-              (long long)c.window, (long long)c.n_experts, (long long)c.n_active, (long long)c.moe_inter, (long long)c.n_hash,
-              (long long)c.hc, (long long)c.index_heads, (long long)c.index_dim, (long long)c.index_topk, (long long)c.n_mtp);
-  std::printf("layers:\n");
-  for (int64_t l = 0; l < c.n_layers; ++l)
-    std::printf("  %3lld  %-9s %s\n", (long long)l, c.layer_kind(l).c_str(), w.layers[l].hash ? "hash-routed" : "score-routed");
-  if (w.mtp) std::printf("  mtp  %-9s score-routed\n", c.layer_kind(c.n_layers).c_str());
-  std::printf("KV cache (FP8 + scale per 64 for non-RoPE dims, F32 RoPE dims; FP4 indexer keys):\n");
-  std::map<int64_t, bool> kinds;
-  for (int64_t l = 0; l < c.n_layers; ++l) kinds[c.ratio(l)] = true;
-  for (const auto& [ratio, _] : kinds) {
-    CacheCost k = layer_cache_cost(c, ratio);
-    std::printf("  %-9s %8.1f bytes/token + %zu bytes fixed (window ring, compressor rows)\n",
-                ratio == 0 ? "window" : ratio == 4 ? "CSA(4)" : ("HCA(" + std::to_string(ratio) + ")").c_str(), k.bytes_per_token,
-                k.fixed_bytes);
-  }
-  std::map<std::string, std::pair<size_t, size_t>> by_dtype;
-  size_t total = 0;
-  for (const auto& f : w.store.files())
-    for (const auto& [name, t] : f->tensors()) {
-      auto& e = by_dtype[dtype_name(t.dtype)];
-      e.first += 1;
-      e.second += t.nbytes;
-      total += t.nbytes;
-    }
-  std::printf("bytes per dtype:\n");
-  for (const auto& [k, v] : by_dtype) std::printf("  %-8s %6zu tensors %14zu bytes\n", k.c_str(), v.first, v.second);
-  std::printf("  total    %14zu bytes\n", total);
+  std::fputs(inspect_model(dir).c_str(), stdout);
   return 0;
 }
 
@@ -137,13 +136,18 @@ int cmd_bench(const Args& a) {
   o.json = a.flag("json");
   o.profile = a.flag("profile");
   o.load = load_mode_option(a);
-  const Device device = device_option(a);
-  if (o.profile && device != Device::Cpu) throw Usage("--profile times the CPU backend's matmuls: use it with --device cpu");
-  a.check_all_used();
-  if (device == Device::Cuda) {
-    o.device = "cuda";
-    o.make_model = [&o](ModelWeights w) { return make_model(std::move(w), Device::Cuda, o.prompt_len + o.gen); };
+  o.device = device_option(a);
+  o.batches.clear();
+  for (const std::string& b : split_commas(a.str("batch", "1"))) {
+    char* end = nullptr;
+    const long long v = std::strtoll(b.c_str(), &end, 10);
+    if (b.empty() || *end != '\0' || v < 1 || v > 4096) throw Usage("--batch: '" + b + "' is not a batch size (1..4096)");
+    o.batches.push_back(v);
   }
+  if (o.profile && o.device != Device::Cpu) throw Usage("--profile times the CPU backend's matmuls: use it with --device cpu");
+  if (o.device != Device::Cpu && (o.batches.size() != 1 || o.batches[0] != 1))
+    throw Usage("--batch above 1 needs --device cpu (the cuda backend runs one sequence per step)");
+  a.check_all_used();
   BenchResult r = run_bench(o);
   std::fputs((o.json ? bench_json(r) + "\n" : bench_table(r)).c_str(), stdout);
   return 0;

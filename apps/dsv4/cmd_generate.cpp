@@ -7,8 +7,7 @@
 
 #include "args.h"
 #include "device.h"
-#include "core/threads.h"
-#include "gen/generate.h"
+#include "engine/generate.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
 
@@ -16,28 +15,29 @@ namespace dsv4::cli {
 
 namespace {
 
-struct Loaded {
-  Model model;
-  Tokenizer tok;
-};
-
-// The model and tokenizer on the device --device names. On cuda the sequence caches are sized
-// for the context limit, so an unset --context becomes default_cuda_context().
-Loaded load_all(const Args& a, GenerateOptions& opt) {
-  const Device device = device_option(a);
-  const std::string dir = a.str("model");
-  const std::string tdir = a.str("tokenizer", dir);
-  set_threads(static_cast<int>(a.integer("threads", 0)));
-  if (!std::filesystem::exists(std::filesystem::path(tdir) / "tokenizer.json") && !std::filesystem::is_regular_file(tdir))
+// The engine (model + tokenizer) on the device --device names. On cuda the sequence caches are
+// sized for the context limit, so an unset --context becomes min(max positions, 8192) there.
+std::unique_ptr<Engine> load_engine(const Args& a, const GenerateOptions& opt) {
+  EngineOptions eo;
+  eo.model_dir = a.str("model");
+  eo.device = device_option(a);
+  eo.threads = static_cast<int>(a.integer("threads", 0));
+  eo.load = load_mode_option(a);
+  eo.context = opt.context_limit;
+  const std::string tdir = a.str("tokenizer", eo.model_dir);
+  const std::filesystem::path tp(tdir);
+  if (std::filesystem::is_regular_file(tp)) {
+    eo.tokenizer = tdir;
+  } else if (std::filesystem::exists(tp / "tokenizer.json")) {
+    eo.tokenizer = (tp / "tokenizer.json").string();
+  } else {
     throw Error("no tokenizer.json in " + tdir + " (pass --tokenizer DIR)");
-  Tokenizer tok = Tokenizer::load(tdir);
-  ModelWeights w = load_model(dir, load_mode_option(a));
-  if (device == Device::Cuda && opt.context_limit <= 0) opt.context_limit = default_cuda_context(w.cfg);
-  Model model = make_model(std::move(w), device, opt.context_limit);
-  if (tok.vocab_size() > model.config().vocab)
-    throw Error("tokenizer " + tdir + " has " + std::to_string(tok.vocab_size()) + " tokens but the model's vocab_size is " +
-                std::to_string(model.config().vocab));
-  return {std::move(model), std::move(tok)};
+  }
+  auto e = std::make_unique<Engine>(eo);
+  if (e->tokenizer().vocab_size() > e->info().vocab)
+    throw Error("tokenizer " + tdir + " has " + std::to_string(e->tokenizer().vocab_size()) + " tokens but the model's vocab_size is " +
+                std::to_string(e->info().vocab));
+  return e;
 }
 
 GenerateOptions gen_options(const Args& a) {
@@ -53,13 +53,17 @@ GenerateOptions gen_options(const Args& a) {
   o.stop_strings = a.all_stop();
   o.prefill_chunk = a.integer("chunk", 0);
   o.context_limit = a.integer("context", 0);
+  o.draft = a.integer("draft", 0);
   if (o.max_new_tokens < 0) throw Usage("-n must be >= 0");
+  if (o.draft < 0 || o.draft > kCheapRewind) throw Usage("--draft must be in [0, " + std::to_string(kCheapRewind) + "]");
+  if (o.draft > 0 && o.sampling.temperature > 0) throw Usage("--draft is greedy speculative decoding: it needs --temperature 0");
   validate(o.sampling);
   return o;
 }
 
 // Routes streamed text in thinking mode: reasoning until "</think>", then the answer.
-// Reasoning goes to stderr (dimmed on a terminal) when shown, else nowhere.
+// Reasoning goes to stderr as it comes when shown (dimmed on a terminal; elsewhere between
+// "[reasoning]" and "[/reasoning]" lines), else nowhere.
 class ThinkRouter {
  public:
   ThinkRouter(bool thinking, bool show) : in_reasoning_(thinking), show_(show) {}
@@ -78,21 +82,25 @@ class ThinkRouter {
     std::string rest = held_.substr(at + std::string_view(kThinkEndText).size());
     held_.clear();
     in_reasoning_ = false;
-    if (show_ && started_reasoning_) std::fputs(isatty(2) ? "\x1b[0m\n" : "\n", stderr);
+    end_reasoning();
     answer(rest);
   }
   void finish() {
     if (in_reasoning_) reasoning(held_);
     held_.clear();
-    if (show_ && in_reasoning_ && started_reasoning_) std::fputs(isatty(2) ? "\x1b[0m\n" : "\n", stderr);
+    if (in_reasoning_) end_reasoning();
   }
 
  private:
   void reasoning(const std::string& t) {
     if (!show_ || t.empty()) return;
-    if (!started_reasoning_ && isatty(2)) std::fputs("\x1b[2m", stderr);
+    if (!started_reasoning_) std::fputs(isatty(2) ? "\x1b[2m" : "[reasoning]\n", stderr);
     started_reasoning_ = true;
     std::fwrite(t.data(), 1, t.size(), stderr);
+    std::fflush(stderr);
+  }
+  void end_reasoning() {
+    if (show_ && started_reasoning_) std::fputs(isatty(2) ? "\x1b[0m\n" : "\n[/reasoning]\n", stderr);
     std::fflush(stderr);
   }
   void answer(std::string_view t) {
@@ -109,11 +117,17 @@ ChatMode parse_mode(const std::string& m) {
   throw Usage("--mode must be thinking, chat or raw, got '" + m + "'");
 }
 
-void print_stats(const GenerateResult& r) {
+void print_stats(const GenerateResult& r, int64_t draft) {
   const double pf = r.prefill_s > 0 ? static_cast<double>(r.prompt_tokens) / r.prefill_s : 0;
   const double dc = r.decode_s > 0 ? static_cast<double>(r.tokens.size()) / r.decode_s : 0;
-  std::fprintf(stderr, "[%lld prompt tokens, prefill %.1f tok/s; %zu generated, decode %.1f tok/s; stop: %s]\n",
-               static_cast<long long>(r.prompt_tokens), pf, r.tokens.size(), dc, r.stop_reason.c_str());
+  std::string reuse = r.reused_tokens > 0 ? " (+" + std::to_string(r.reused_tokens) + " reused)" : "";
+  std::fprintf(stderr, "[%lld prompt tokens%s, prefill %.1f tok/s; %zu generated, decode %.1f tok/s; stop: %s]\n",
+               static_cast<long long>(r.prompt_tokens), reuse.c_str(), pf, r.tokens.size(), dc, r.stop_reason.c_str());
+  if (draft > 0)
+    std::fprintf(stderr, "[speculative: %lld steps, %lld drafted, %lld accepted (%.1f%%), %.2f tokens per step]\n",
+                 static_cast<long long>(r.steps), static_cast<long long>(r.drafted), static_cast<long long>(r.accepted),
+                 r.drafted > 0 ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,
+                 r.steps > 0 ? static_cast<double>(r.tokens.size()) / static_cast<double>(r.steps) : 0.0);
 }
 
 }  // namespace
@@ -121,40 +135,42 @@ void print_stats(const GenerateResult& r) {
 int cmd_generate(const Args& a) {
   const std::string prompt = a.str("prompt");
   const std::string mode = a.str("mode", "thinking");
-  const bool show = a.flag("show-reasoning");
+  const bool show = !a.flag("hide-reasoning");
   const std::string effort = a.str("reasoning-effort", "");
   GenerateOptions opt = gen_options(a);
-  Loaded L = load_all(a, opt);
+  std::unique_ptr<Engine> E = load_engine(a, opt);
+  const Tokenizer& tok = E->tokenizer();
   a.check_all_used();
 
   std::vector<int32_t> ids;
   bool thinking = false;
   if (mode == "raw") {
-    ids = L.tok.encode(prompt);
+    ids = tok.encode(prompt);
   } else {
     ChatOptions co;
     co.mode = parse_mode(mode);
     co.reasoning_effort = effort;
     thinking = co.mode == ChatMode::Thinking;
     nlohmann::ordered_json msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", prompt}}});
-    ids = L.tok.encode(render_chat(msgs, co));
+    ids = tok.encode(render_chat(msgs, co));
   }
-  Session s = new_session(L.model);
+  Session s = new_session(*E, opt);
   ThinkRouter route(thinking, show);
-  GenerateResult r = generate(L.model, s, L.tok, ids, opt, [&](std::string_view t) { route(t); });
+  GenerateResult r = generate(*E, s, ids, opt, [&](std::string_view t) { route(t); });
   route.finish();
   std::fputc('\n', stdout);
-  print_stats(r);
+  print_stats(r, opt.draft);
   return 0;
 }
 
 int cmd_chat(const Args& a) {
   const std::string mode = a.str("mode", "thinking");
-  const bool show = a.flag("show-reasoning");
+  const bool show = !a.flag("hide-reasoning");
   const std::string effort = a.str("reasoning-effort", "");
   const std::string system = a.str("system", "");
   GenerateOptions opt = gen_options(a);
-  Loaded L = load_all(a, opt);
+  std::unique_ptr<Engine> E = load_engine(a, opt);
+  const Tokenizer& tok = E->tokenizer();
   a.check_all_used();
   ChatOptions co;
   co.mode = parse_mode(mode);
@@ -166,7 +182,9 @@ int cmd_chat(const Args& a) {
     if (!system.empty()) msgs.push_back({{"role", "system"}, {"content", system}});
   };
   reset();
-  Session s = new_session(L.model);
+  // One session for the whole conversation: each turn reuses the state of the previous ones
+  // (engine/generate.h Session) and prefills only what is new.
+  Session s = new_session(*E, opt);
   const bool tty = isatty(0);
   std::fprintf(stderr, "dsv4 chat (%s mode). /reset clears the conversation, /exit quits.\n", mode.c_str());
   std::string line;
@@ -175,18 +193,18 @@ int cmd_chat(const Args& a) {
     if (!std::getline(std::cin, line) || line == "/exit" || line == "/quit") break;
     if (line == "/reset") {
       reset();
-      s = new_session(L.model);
+      s = new_session(*E, opt);
       std::fputs("(conversation cleared)\n", stderr);
       continue;
     }
     if (line.empty()) continue;
     msgs.push_back({{"role", "user"}, {"content", line}});
-    std::vector<int32_t> ids = L.tok.encode(render_chat(msgs, co));
+    std::vector<int32_t> ids = tok.encode(render_chat(msgs, co));
     ThinkRouter route(co.mode == ChatMode::Thinking, show);
-    GenerateResult r = generate(L.model, s, L.tok, ids, opt, [&](std::string_view t) { route(t); });
+    GenerateResult r = generate(*E, s, ids, opt, [&](std::string_view t) { route(t); });
     route.finish();
     std::fputc('\n', stdout);
-    print_stats(r);
+    print_stats(r, opt.draft);
     // Keep the assistant turn in the conversation as the encoder expects it.
     nlohmann::ordered_json turn = {{"role", "assistant"}};
     try {

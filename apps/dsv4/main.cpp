@@ -19,9 +19,10 @@ backend behind --device cuda, not yet validated on a GPU)
 Usage: dsv4 <command> [options]
 
 Commands:
-  score       Run the model over a token sequence and write the logits of every position.
+  score       Run the model over token sequences and write the logits of every position.
       --model DIR        checkpoint directory (config.json + *.safetensors [+ index])
-      --tokens LIST      comma-separated token ids, e.g. 5,17,42
+      --tokens LIST      comma-separated token ids, e.g. 5,17,42; give it several times to score
+                         several sequences through shared batched steps (one --out each)
       --prefill P        the first P tokens go in as prefill (default: all); the rest are
                          fed one at a time as decode steps
       --chunk C          prefill chunk size (default: all of the prefill in one chunk)
@@ -29,10 +30,12 @@ Commands:
       --load M           auto | mmap | read: map the checkpoint files, or read them into
                          memory (faster decode, costs a copy at start); auto reads when the
                          weights take at most half of the available memory (default auto)
-      --out F.npy        output: float32 NumPy array [T, vocab]
+      --out F.npy        output: float32 NumPy array [T, vocab] (once per --tokens, in order)
+      --mtp-out F.npy    (one sequence) also the MTP block's logits [T-1, vocab]: row t is the
+                         block at position t given token t+1, predicting token t+2
       --device D         cpu | cuda (default cpu). cuda needs a dsv4 built with CUDA and a
                          usable GPU, else exits 1 saying which is missing; its caches are
-                         sized for the T tokens given
+                         sized for the longest sequence given; no MTP on cuda yet
 
   make-tiny   Write a random checkpoint at small dimensions that exercises every layer kind
               (window-only, CSA, HCA, hash-routed MoE, MTP).
@@ -57,7 +60,12 @@ Commands:
       --repetition-penalty R, --presence-penalty P   penalties on tokens already seen
       --seed S           sampling seed (default 0); same seed, same output
       --stop STR         stop before this text (may be given several times); EOS always stops
-      --show-reasoning   print the reasoning (thinking mode) to stderr, dimmed on a terminal
+      --hide-reasoning   do not print the reasoning (thinking mode); by default it streams to
+                         stderr as it comes, dimmed on a terminal, else between [reasoning]
+                         and [/reasoning] lines
+      --draft N          greedy speculative decoding: the MTP block drafts N tokens (1..16)
+                         that the model verifies in one step; output identical to plain
+                         greedy (needs --temperature 0); acceptance is reported on stderr
       --reasoning-effort max   the official encoder's maximum-effort instruction
       --tokenizer DIR    tokenizer.json location (default: the model directory)
       --context N        context limit in tokens (default: the model's max positions)
@@ -69,6 +77,7 @@ Commands:
 
   chat        Interactive multi-turn chat on stdin/stdout through the chat encoding.
               Same options as generate except --prompt; also --system TEXT.
+              Each turn reuses the conversation's state and prefills only what is new.
               Commands: /reset clears the conversation, /exit quits.
 
   tokenize    Print the token ids of a text (no BOS is added).
@@ -95,6 +104,9 @@ Commands:
       --model DIR
       --prompt-len N     prefill length (default 512)
       --gen N            decode steps (default 16)
+      --batch LIST       decode batch sizes, e.g. 1,2,4,8 (default 1): B sequences forked
+                         from the prefilled one decode together; a table of aggregate tok/s,
+                         weight bytes per step and their share of the bandwidth
       --threads N        worker threads (default: all cores)
       --load M           auto | mmap | read (see score)
       --device D         cpu | cuda (see score). On cuda only prefill and decode tok/s are
@@ -135,7 +147,7 @@ int main(int argc, char** argv) {
         return 0;
       }
     // Options that take no value, per command ("--ids" is a value for detokenize).
-    std::set<std::string> flags = {"show-reasoning", "json", "profile"};
+    std::set<std::string> flags = {"hide-reasoning", "json", "profile"};
     if (cmd == "chat-template") flags.insert("ids");
     Args args(argc, argv, 2, flags);
     if (cmd == "score") return cmd_score(args);

@@ -1,13 +1,37 @@
 #pragma once
-// One exception type for every user-facing failure: bad files, bad config, bad arguments.
-// The CLI prints what() on one line and exits non-zero.
+// Two tiers of failure (../shared/STYLE.md, item 10):
+// - dsv4::Error: a failure the caller can act on (a bad file, config, argument or request; a
+//   budget that does not fit). It carries a kind a server maps to a status (400 / 503 / 501 /
+//   500). The CLI prints what() on one line and exits non-zero.
+// - DSV4_CHECK: a broken internal invariant. It aborts with file:line: continuing would compute
+//   garbage or corrupt a sequence, and no caller can repair it.
 #include <stdexcept>
 #include <string>
 
 namespace dsv4 {
 
-struct Error : std::runtime_error {
-  using std::runtime_error::runtime_error;
+enum class ErrorKind {
+  BadInput,           // the request or file is wrong: fix it and retry
+  ResourceExhausted,  // valid, but does not fit now (memory, context, queue): retry later or smaller
+  Unsupported,        // valid, but this build / backend cannot do it
+  Internal,           // a failure inside the engine that is not a broken invariant (e.g. a device error)
 };
 
+struct Error : std::runtime_error {
+  explicit Error(const std::string& what, ErrorKind k = ErrorKind::BadInput) : std::runtime_error(what), kind(k) {}
+  ErrorKind kind;
+};
+
+[[noreturn]] void check_failed(const char* file, int line, const char* expr, const std::string& detail);
+
 }  // namespace dsv4
+
+#define DSV4_CHECK(cond)                                                    \
+  do {                                                                      \
+    if (!(cond)) ::dsv4::check_failed(__FILE__, __LINE__, #cond, {});       \
+  } while (0)
+// With a message built only on failure.
+#define DSV4_CHECK_MSG(cond, msg)                                           \
+  do {                                                                      \
+    if (!(cond)) ::dsv4::check_failed(__FILE__, __LINE__, #cond, (msg));    \
+  } while (0)

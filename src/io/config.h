@@ -10,6 +10,11 @@
 
 namespace dsv4 {
 
+// What a layer's attention reads besides its sliding window (MODEL.md "Attention"): nothing,
+// CSA entries (ratio 4: overlapping compressor + indexer top-k), or HCA entries (any other ratio).
+enum class LayerKind { Window, CSA, HCA };
+constexpr int64_t kCsaRatio = 4;
+
 struct ModelConfig {
   int64_t vocab = 0;           // V
   int64_t dim = 0;             // D
@@ -42,7 +47,9 @@ struct ModelConfig {
   int64_t bos = 0, eos = 1;
   std::string score_func = "sqrtsoftplus";
 
-  int64_t ratio(int64_t layer) const { return compress_ratios[layer]; }
+  int64_t ratio(int64_t layer) const { return compress_ratios[layer]; }  // layer n_layers: the MTP block
+  LayerKind kind(int64_t layer) const { return kind_of_ratio(ratio(layer)); }
+  static LayerKind kind_of_ratio(int64_t r) { return r == 0 ? LayerKind::Window : r == kCsaRatio ? LayerKind::CSA : LayerKind::HCA; }
   int64_t hc_mix() const { return (2 + hc) * hc; }  // M, rows of hc_*_fn
   std::string layer_kind(int64_t layer) const;       // "window", "CSA(4)", "HCA(16)"
 };

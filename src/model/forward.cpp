@@ -1,47 +1,64 @@
 #include "model/forward.h"
 
 #include <algorithm>
-#include <string>
 
 #include "core/arena.h"
 #include "core/error.h"
 
 namespace dsv4 {
 
-Model::Model(ModelWeights weights) : Model(std::move(weights), make_cpu_backend) {}
-
-Model::Model(ModelWeights weights, const MakeBackend& make)
-    : w_(std::make_unique<ModelWeights>(std::move(weights))), backend_(make(*w_)) {}
-
-void Model::forward(SequenceState& st, const int32_t* tokens, int64_t T, float* logits, Logits which) const {
-  const ModelConfig& c = w_->cfg;
-  if (T <= 0) return;
-  for (int64_t t = 0; t < T; ++t)
-    if (tokens[t] < 0 || tokens[t] >= c.vocab)
-      throw Error("token id " + std::to_string(tokens[t]) + " at index " + std::to_string(t) + " is outside the vocabulary [0, " +
-                  std::to_string(c.vocab) + ")");
-  // A backend with a fixed workspace takes a long chunk in pieces (the pass is chunk-invariant).
-  const int64_t cap = backend_->max_chunk();
-  if (cap <= 0 || T <= cap) return step(st, tokens, T, logits, which);
-  for (int64_t t0 = 0; t0 < T; t0 += cap) {
-    const int64_t n = std::min(cap, T - t0);
-    float* out = nullptr;
-    if (logits && which == Logits::All) out = logits + t0 * c.vocab;
-    if (logits && which == Logits::Last && t0 + n == T) out = logits;
-    step(st, tokens + t0, n, out, which);
+void Model::step(Stack stack, const std::vector<SeqInput>& in) const {
+  const int64_t cap = backend_->max_rows();
+  int64_t total = 0;
+  for (const SeqInput& s : in) total += s.n;
+  if (in.empty() || total == 0) return;
+  if ((backend_->batched() || in.size() == 1) && (cap <= 0 || total <= cap)) return run(stack, in);
+  // One sequence at a time, in pieces of at most `cap` rows (the pass is chunk-invariant).
+  const int64_t V = w_->cfg.vocab, Hs = hidden_size();
+  for (const SeqInput& s : in) {
+    const int64_t piece = cap > 0 ? cap : s.n;
+    for (int64_t t0 = 0; t0 < s.n; t0 += piece) {
+      SeqInput p = s;
+      p.n = std::min(piece, s.n - t0);
+      p.tokens = s.tokens + t0;
+      const bool last = t0 + p.n == s.n;
+      if (s.logits == Rows::All) p.logits_out = s.logits_out + t0 * V;
+      if (s.logits == Rows::Last && !last) p.logits = Rows::None;
+      if (s.hidden_out) p.hidden_out = s.hidden_out + t0 * Hs;
+      if (s.hidden_in) p.hidden_in = s.hidden_in + t0 * Hs;
+      run(stack, {p});
+    }
   }
 }
 
-void Model::step(SequenceState& st, const int32_t* tokens, int64_t T, float* logits, Logits which) const {
+void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
   Backend& be = *backend_;
   using Sub = Backend::Sub;
+  const ModelConfig& c = w_->cfg;
+  const int64_t Hs = hidden_size();
+
+  StepPlan plan;
+  plan.stack = stack;
+  std::vector<float> hidden;  // MTP: the inputs' hidden rows, back to back
+  for (const SeqInput& s : in) {
+    const int64_t p0 = stack == Stack::Main ? s.st->pos : s.st->mtp_pos;
+    plan.seqs.push_back({s.st, plan.T(), s.n, p0});
+    for (int64_t t = 0; t < s.n; ++t) {
+      plan.tokens.push_back(s.tokens[t]);
+      plan.pos.push_back(p0 + t);
+    }
+    if (stack == Stack::Mtp) hidden.insert(hidden.end(), s.hidden_in, s.hidden_in + s.n * Hs);
+  }
+  plan.hidden = stack == Stack::Mtp ? hidden.data() : nullptr;
+
   // Host temporaries of the step (all of the CPU backend's activations) are given back here.
   Arena::Scope scope(thread_arena());
-  Backend::Step s = be.begin(st, tokens, T);
-  for (int64_t l = 0; l < w_->cfg.n_layers; ++l) {
+  Backend::Step s = be.begin(plan);
+  const int64_t l0 = stack == Stack::Main ? 0 : c.n_layers, l1 = stack == Stack::Main ? c.n_layers : c.n_layers + 1;
+  for (int64_t l = l0; l < l1; ++l) {
     be.hc_pre(l, Sub::Attn, s);
     be.norm(l, Sub::Attn, s);
-    be.attention(l, st, s);
+    be.attention(l, s);
     be.hc_post(s);
 
     be.hc_pre(l, Sub::Ffn, s);
@@ -49,15 +66,38 @@ void Model::step(SequenceState& st, const int32_t* tokens, int64_t T, float* log
     be.moe(l, s);
     be.hc_post(s);
   }
-  st.pos += T;
-  if (!logits) return;
+  for (const SeqInput& si : in) (stack == Stack::Main ? si.st->pos : si.st->mtp_pos) += si.n;
 
-  // hc_head collapses the hc copies, then the final norm and the head; only for the tokens
-  // whose logits are wanted.
-  const int64_t t0 = which == Logits::Last ? T - 1 : 0, nt = T - t0;
-  be.hc_head(s, t0, nt);
-  be.final_norm(s, nt);
-  be.logits(s, nt, logits);
+  // The final hc state of the rows asked for, then hc_head -> final norm -> head, only for the
+  // rows whose logits are wanted (the head is the largest single matrix).
+  std::vector<int64_t> rows;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!in[i].hidden_out) continue;
+    rows.clear();
+    for (int64_t t = 0; t < in[i].n; ++t) rows.push_back(plan.seqs[i].t0 + t);
+    be.read_hidden(s, rows, in[i].hidden_out);
+  }
+  rows.clear();
+  for (size_t i = 0; i < in.size(); ++i) {
+    const StepSeq& q = plan.seqs[i];
+    if (in[i].logits == Rows::All)
+      for (int64_t t = 0; t < q.n; ++t) rows.push_back(q.t0 + t);
+    if (in[i].logits == Rows::Last) rows.push_back(q.t0 + q.n - 1);
+  }
+  if (rows.empty()) return;
+  const int64_t n = static_cast<int64_t>(rows.size()), V = c.vocab;
+  be.hc_head(stack, s, rows);
+  be.final_norm(stack, s, n);
+  // Straight into the callers' buffers when there is only one; else through one host buffer.
+  if (in.size() == 1) return be.logits(s, n, in[0].logits_out);
+  std::vector<float> out(static_cast<size_t>(n * V));
+  be.logits(s, n, out.data());
+  const float* src = out.data();
+  for (const SeqInput& si : in) {
+    const int64_t k = si.logits == Rows::All ? si.n : si.logits == Rows::Last ? 1 : 0;
+    std::copy(src, src + k * V, si.logits_out);
+    src += k * V;
+  }
 }
 
 }  // namespace dsv4

@@ -1,45 +1,56 @@
 #pragma once
-// The DeepSeek-V4 forward pass (shared/spec/MODEL.md), float32, on a Backend (model/backend.h):
-// the CPU reference backend by default, the CUDA backend (model/cuda_backend.h) when given.
-// A call consumes a chunk of tokens at the sequence's next positions and updates its state, so
-// prefill in chunks of any size and one-token decode give the same logits as one long forward.
+// The DeepSeek-V4 forward pass (shared/spec/MODEL.md), float32, on a Backend (model/backend.h),
+// for the main model and for the MTP block. A step consumes a chunk of tokens of each of its
+// sequences at their next positions and updates their state, so prefill in chunks of any size,
+// one-token decode and any batch give the same logits for a sequence.
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
 #include "kv/state.h"
 #include "model/backend.h"
-#include "model/ops.h"
+#include "model/rows.h"
 #include "model/weights.h"
 
 namespace dsv4 {
 
+// One sequence's part of a step.
+struct SeqInput {
+  SequenceState* st = nullptr;
+  const int32_t* tokens = nullptr;  // [n]: main: the tokens; MTP: the next token of each position
+  int64_t n = 0;
+  Rows logits = Rows::Last;
+  float* logits_out = nullptr;      // host [1 or n, vocab] per `logits`
+  float* hidden_out = nullptr;      // host [n, hc*D], the final hc state per row (main only), or null
+  const float* hidden_in = nullptr; // MTP: host [n, hc*D], the main model's final hc state per row
+};
+
 class Model {
  public:
-  // The CPU backend.
-  explicit Model(ModelWeights weights);
   // The backend `make` builds over the weights (which the Model keeps at a fixed address).
-  using MakeBackend = std::function<std::unique_ptr<Backend>(const ModelWeights&)>;
-  Model(ModelWeights weights, const MakeBackend& make);
+  template <class Make>
+  Model(ModelWeights weights, Make&& make)
+      : w_(std::make_unique<ModelWeights>(std::move(weights))), backend_(make(*w_)) {}
 
   const ModelConfig& config() const { return w_->cfg; }
   const ModelWeights& weights() const { return *w_; }
+  const Backend& backend() const { return *backend_; }
   const char* device() const { return backend_->name(); }
+  bool has_mtp() const { return w_->mtp.has_value(); }
+  int64_t hidden_size() const { return w_->cfg.hc * w_->cfg.dim; }
+
   SequenceState new_sequence() const { return backend_->new_sequence(); }
+  SequenceState fork(const SequenceState& st) const { return backend_->fork(st); }
+  void truncate(SequenceState& st, int64_t pos, Stack stack) const { backend_->truncate(st, pos, stack); }
 
-  // Which positions of a chunk get logits: all of them ([T, vocab], scoring) or only the last
-  // ([1, vocab], generation: the head is the largest single matrix).
-  enum class Logits { All, Last };
-
-  // Feeds tokens[0..T) at positions st.pos.. and advances st.pos by T. Writes logits (host
-  // memory) when `logits` is non-null. Throws dsv4::Error for a token id outside the vocabulary.
-  // A backend's sequences are not shared between threads: one forward per sequence at a time
-  // (and, on CUDA, per Model: its workspace is shared).
-  void forward(SequenceState& st, const int32_t* tokens, int64_t T, float* logits, Logits which = Logits::All) const;
+  // Runs the inputs through `stack` in one step where the backend allows (else one sequence,
+  // and chunks of at most its max_rows, at a time), advancing each sequence by its n. The
+  // inputs are assumed checked (engine/engine.cpp validates everything before a step): token
+  // ids inside the vocabulary, distinct sequences, n > 0, hidden_in given for MTP.
+  void step(Stack stack, const std::vector<SeqInput>& in) const;
 
  private:
-  void step(SequenceState& st, const int32_t* tokens, int64_t T, float* logits, Logits which) const;
+  void run(Stack stack, const std::vector<SeqInput>& in) const;
 
   std::unique_ptr<ModelWeights> w_;  // a fixed address for the backend's references
   std::unique_ptr<Backend> backend_;

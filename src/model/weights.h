@@ -52,6 +52,7 @@ struct MoEW {
 
 struct LayerW {
   int64_t ratio = 0;
+  LayerKind kind() const { return ModelConfig::kind_of_ratio(ratio); }
   bool hash = false;
   std::vector<float> attn_norm, ffn_norm;
   HcMixW hc_attn, hc_ffn;

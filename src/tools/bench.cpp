@@ -10,9 +10,8 @@
 
 #include "core/error.h"
 #include "core/threads.h"
-#include "cpu/qmatmul.h"
-#include "model/forward.h"
-#include "model/ops.h"
+#include "kernels/cpu/qmatmul.h"
+#include "backends/cpu/ops.h"
 #include "tools/roofline.h"
 
 namespace dsv4 {
@@ -49,8 +48,10 @@ BenchResult run_bench(const BenchOptions& o) {
   r.gen = o.gen;
   r.isa = isa_name(active_isa());
 
-  r.device = o.device;
-  const bool cpu = !o.make_model;
+  const bool cpu = o.device == Device::Cpu;
+  r.device = cpu ? "cpu" : "cuda";
+  for (int64_t b : o.batches)
+    if (b < 1) throw Error("bench: --batch sizes must be >= 1, got " + std::to_string(b));
   if (cpu) {
     std::fprintf(stderr, "bench: measuring memory bandwidth and FMA peak (%d threads, %s)...\n", r.threads, r.isa.c_str());
     r.mem_bw_gb_s = measure_read_bandwidth(size_t{1} << 30, 5);
@@ -58,53 +59,83 @@ BenchResult run_bench(const BenchOptions& o) {
   }
   reset_peak_rss();
 
-  Model model = cpu ? Model(load_model(o.model_dir, o.load)) : o.make_model(load_model(o.model_dir, o.load));
-  r.load = load_mode_name(model.weights().store.load_mode());
-  const ModelConfig& c = model.config();
-  for (const auto& f : model.weights().store.files()) r.mapped_weights_mb += static_cast<double>(f->file_size()) / (1024.0 * 1024.0);
+  EngineOptions eo;
+  eo.model_dir = o.model_dir;
+  eo.load = o.load;
+  eo.device = o.device;
+  eo.threads = o.threads;
+  if (!cpu) eo.context = o.prompt_len + o.gen + 1;
+  Engine engine(eo);
+  const ModelInfo& info = engine.info();
+  r.load = info.load;
+  r.mapped_weights_mb = info.weight_bytes / (1024.0 * 1024.0);
+  const int64_t V = info.vocab;
 
   // Deterministic pseudo-random prompt (avoids special ids 0/1).
-  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_len));
   uint64_t x = 0x9e3779b97f4a7c15ull;
-  for (auto& t : prompt) {
+  auto next_random = [&]() {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    t = static_cast<int32_t>(2 + x % static_cast<uint64_t>(c.vocab - 2));
-  }
+    return static_cast<int32_t>(2 + x % static_cast<uint64_t>(V - 2));
+  };
+  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_len));
+  for (auto& t : prompt) t = next_random();
   std::fprintf(stderr, "bench: prefill %lld tokens...\n", static_cast<long long>(o.prompt_len));
-  SequenceState st = model.new_sequence();
-  std::vector<float> logits(static_cast<size_t>(c.vocab));
+  Sequence seq = engine.new_sequence();
   const bool profile = o.profile && cpu;
   set_matmul_profiling(profile);
   take_matmul_profile();  // start the prefill's period
   MatmulCounters before = matmul_counters();
   auto t0 = std::chrono::steady_clock::now();
-  model.forward(st, prompt.data(), o.prompt_len, logits.data(), Model::Logits::Last);  // as generation does
+  std::vector<StepResult> res = engine.step({{&seq, prompt, Rows::Last}});  // as generation does
   double prefill_s = seconds_since(t0);
   MatmulCounters mid = matmul_counters();
   if (profile) r.prefill_profile = take_matmul_profile();
   r.prefill_tok_s = static_cast<double>(o.prompt_len) / prefill_s;
   r.prefill_flops_per_token = static_cast<double>(mid.flops - before.flops) / static_cast<double>(o.prompt_len);
+  auto argmax = [V](const float* l) { return static_cast<int32_t>(std::max_element(l, l + V) - l); };
+  const int32_t first = argmax(res[0].logits.data());
 
-  std::fprintf(stderr, "bench: decode %lld tokens...\n", static_cast<long long>(o.gen));
-  const float* last = logits.data();
-  int32_t next = static_cast<int32_t>(std::max_element(last, last + c.vocab) - last);
-  std::vector<float> step(static_cast<size_t>(c.vocab));
-  t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < o.gen; ++i) {
-    model.forward(st, &next, 1, step.data());
-    next = static_cast<int32_t>(std::max_element(step.begin(), step.end()) - step.begin());
+  // Decode: batch 1 continues the prefilled sequence itself; batch B > 1 decodes B forks of it.
+  for (int64_t B : o.batches) {
+    std::fprintf(stderr, "bench: decode %lld steps at batch %lld...\n", static_cast<long long>(o.gen), static_cast<long long>(B));
+    std::vector<Sequence> forks;
+    std::vector<int32_t> next(static_cast<size_t>(B), first);
+    for (int64_t b = 0; b < B && B > 1; ++b) {
+      forks.push_back(engine.fork(seq));
+      next[b] = next_random();  // each its own continuation: different routes
+    }
+    std::vector<StepRequest> reqs(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) reqs[b].seq = B > 1 ? &forks[b] : &seq;
+    const MatmulCounters c0 = matmul_counters();
+    t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < o.gen; ++i) {
+      for (int64_t b = 0; b < B; ++b) reqs[b].tokens.assign(1, next[b]);
+      res = engine.step(reqs);
+      for (int64_t b = 0; b < B; ++b) next[b] = argmax(res[b].logits.data());
+    }
+    const double s = seconds_since(t0);
+    const MatmulCounters c1 = matmul_counters();
+    BenchResult::BatchRow row;
+    row.batch = B;
+    row.step_s = s / static_cast<double>(o.gen);
+    row.tok_s = static_cast<double>(B * o.gen) / s;
+    row.bytes_per_step = static_cast<double>(c1.weight_bytes - c0.weight_bytes) / static_cast<double>(o.gen);
+    r.batch_rows.push_back(row);
+    if (B == 1 || r.decode_s == 0) {  // the batch-1 figures (or the first batch's, without one)
+      r.decode_s = s;
+      r.decode_tok_s = static_cast<double>(o.gen) / s;
+      r.decode_bytes_per_token = row.bytes_per_step;
+    }
   }
-  double decode_s = seconds_since(t0);
   MatmulCounters after = matmul_counters();
+  (void)after;
   if (profile) r.decode_profile = take_matmul_profile();
   set_matmul_profiling(false);
   r.prefill_s = prefill_s;
-  r.decode_s = decode_s;
-  r.decode_tok_s = static_cast<double>(o.gen) / decode_s;
-  r.decode_bytes_per_token = static_cast<double>(after.weight_bytes - mid.weight_bytes) / static_cast<double>(o.gen);
   r.peak_rss_mb = peak_rss_mb();
   if (!cpu) {  // the counters saw no matmul and the host limits say nothing about the device
     r.decode_bytes_per_token = r.prefill_flops_per_token = 0;
+    for (auto& row : r.batch_rows) row.bytes_per_step = 0;
     return r;
   }
   // This machine's bandwidth varies with what its neighbours do; the limit is the best seen,
@@ -114,6 +145,7 @@ BenchResult run_bench(const BenchOptions& o) {
   r.peak_gflop_s = std::max(r.peak_gflop_s, measure_peak_gflops(3));
   r.prefill_roofline_ratio = r.prefill_flops_per_token * r.prefill_tok_s / (r.peak_gflop_s * 1e9);
   r.decode_roofline_ratio = r.decode_bytes_per_token * r.decode_tok_s / (r.mem_bw_gb_s * 1e9);
+  for (auto& row : r.batch_rows) row.bw_ratio = row.bytes_per_step / row.step_s / (r.mem_bw_gb_s * 1e9);
   return r;
 }
 
@@ -171,6 +203,17 @@ std::string bench_json(const BenchResult& r) {
                 r.prefill_roofline_ratio, r.peak_rss_mb, r.mapped_weights_mb, r.threads, static_cast<long long>(r.prompt_len),
                 static_cast<long long>(r.gen), r.prefill_flops_per_token, r.isa.c_str(), r.load.c_str(), r.device.c_str());
   std::string out = buf;
+  if (r.batch_rows.size() > 1 || (r.batch_rows.size() == 1 && r.batch_rows[0].batch != 1)) {
+    out.pop_back();
+    out += ", \"batches\": [";
+    for (size_t i = 0; i < r.batch_rows.size(); ++i) {
+      const auto& b = r.batch_rows[i];
+      std::snprintf(buf, sizeof buf, "%s{\"batch\": %lld, \"tok_s\": %.4g, \"step_ms\": %.4g, \"bytes_per_step\": %.6g, \"bw_ratio\": %.4f}",
+                    i ? ", " : "", static_cast<long long>(b.batch), b.tok_s, 1e3 * b.step_s, b.bytes_per_step, b.bw_ratio);
+      out += buf;
+    }
+    out += "]}";
+  }
   if (!r.prefill_profile.empty() || !r.decode_profile.empty()) {
     out.pop_back();  // the closing brace
     out += ", \"profile\": {\"prefill\": " + profile_json(r.prefill_profile, r.prefill_s) +
@@ -201,6 +244,15 @@ std::string bench_table(const BenchResult& r) {
                 r.prefill_flops_per_token * r.prefill_tok_s / 1e9, 100 * r.prefill_roofline_ratio, static_cast<long long>(r.gen),
                 r.decode_tok_s, r.decode_bytes_per_token / 1e6, 100 * r.decode_roofline_ratio, r.peak_rss_mb, r.mapped_weights_mb);
   std::string out = buf;
+  if (r.batch_rows.size() > 1 || (r.batch_rows.size() == 1 && r.batch_rows[0].batch != 1)) {
+    out += "decode by batch size (B sequences per step; bytes: weights one step read, routed experts = the union touched)\n"
+           "  batch    tok/s  ms/step  MB/step  GB/s  of bandwidth\n";
+    for (const auto& b : r.batch_rows) {
+      std::snprintf(buf, sizeof buf, "  %5lld %8.2f %8.1f %8.1f %5.1f  %5.1f%%\n", static_cast<long long>(b.batch), b.tok_s, 1e3 * b.step_s,
+                    b.bytes_per_step / 1e6, b.bytes_per_step / b.step_s / 1e9, 100 * b.bw_ratio);
+      out += buf;
+    }
+  }
   if (!r.prefill_profile.empty()) out += profile_table("prefill", r.prefill_profile, r.prefill_s);
   if (!r.decode_profile.empty()) out += profile_table("decode", r.decode_profile, r.decode_s);
   return out;

@@ -6,9 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.h"
-#include "model/forward.h"
-#include "model/ops.h"
+#include "backends/cpu/ops.h"
+#include "engine/engine.h"
 
 namespace dsv4 {
 
@@ -18,12 +17,13 @@ struct BenchOptions {
   int64_t gen = 16;
   int threads = 0;
   bool json = false;
-  LoadMode load = LoadMode::Auto;
-  // Another device than the CPU: its name and how to build the Model on it. On such a device
-  // the host's bandwidth / FMA limits and the CPU matmul counters do not apply: those fields
-  // (and the roofline ratios) stay 0.
-  std::string device = "cpu";
-  std::function<Model(ModelWeights)> make_model;
+  WeightLoad load = WeightLoad::Auto;
+  // On another device than the CPU the host's bandwidth / FMA limits and the CPU matmul
+  // counters do not apply: those fields (and the roofline ratios) stay 0.
+  Device device = Device::Cpu;
+  // Decode batch sizes: for each B, B sequences forked from the prefilled one (each then fed
+  // its own first token, so they route to different experts) decode `gen` steps together.
+  std::vector<int64_t> batches = {1};
   // CPU: also time every matmul by weight format and shape (two clock reads per call).
   bool profile = false;
 };
@@ -41,6 +41,14 @@ struct BenchResult {
   std::string load;  // how the weights were loaded: mmap | read
   std::string device = "cpu";
   double prefill_s = 0, decode_s = 0;  // wall time of the prefill and of all decode steps
+  // Per decode batch size (BenchOptions::batches): aggregate tok/s, weight bytes one step read
+  // (each matrix once per step, the routed experts: the union the batch touched) and the
+  // bandwidth ratio of those bytes.
+  struct BatchRow {
+    int64_t batch = 0;
+    double tok_s = 0, step_s = 0, bytes_per_step = 0, bw_ratio = 0;
+  };
+  std::vector<BatchRow> batch_rows;
   // With BenchOptions::profile: time inside matmul per weight and shape, per phase.
   std::vector<MatmulProfileRow> prefill_profile, decode_profile;
 };

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/threads.h"
-#include "cpu/qmatmul.h"
+#include "kernels/cpu/qmatmul.h"
 
 namespace dsv4 {
 

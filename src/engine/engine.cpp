@@ -1,0 +1,404 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <set>
+#include <sys/stat.h>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/threads.h"
+#include "io/safetensors.h"
+#include "model/forward.h"
+#include "model/weights.h"
+
+#ifdef DSV4_HAVE_CUDA
+#include "backends/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace dsv4 {
+
+// ---- Sequence / Snapshot ------------------------------------------------------------------
+
+// With MTP on, the block lags the main model by one position after every step (position t
+// needs token t+1): mtp_pos == pos - 1. Drafting runs it further ahead on its own outputs;
+// those positions (>= `confirmed`) are dropped before the next step.
+struct Sequence::Impl {
+  const Engine* owner = nullptr;
+  SequenceState st;
+  std::vector<int32_t> tokens;  // main-model tokens consumed (replayed by deep rewinds)
+  bool broken = false;
+  bool mtp = false;
+  int64_t confirmed = 0;        // MTP positions [0, confirmed) follow the main model
+  // The main model's final hc state of the last kCheapRewind + 1 positions, slot = pos % rows:
+  // after a rewind to p the block needs position p - 1's.
+  std::vector<float> hidden_ring;
+  static constexpr int64_t kRingRows = kCheapRewind + 1;
+};
+
+Sequence::Sequence() = default;
+Sequence::~Sequence() = default;
+Sequence::Sequence(Sequence&&) noexcept = default;
+Sequence& Sequence::operator=(Sequence&&) noexcept = default;
+
+static const std::vector<int32_t> kNoTokens;
+int64_t Sequence::pos() const { return impl_ ? impl_->st.pos : 0; }
+int64_t Sequence::mtp_pos() const { return impl_ ? impl_->st.mtp_pos : 0; }
+const std::vector<int32_t>& Sequence::tokens() const { return impl_ ? impl_->tokens : kNoTokens; }
+bool Sequence::broken() const { return impl_ && impl_->broken; }
+bool Sequence::mtp() const { return impl_ && impl_->mtp; }
+size_t Sequence::cache_bytes() const {
+  size_t n = 0;
+  if (impl_)
+    for (const LayerState& l : impl_->st.layers) n += l.bytes();
+  return n;
+}
+
+struct Snapshot::Impl {
+  const Engine* owner = nullptr;
+  SequenceState st;
+  std::vector<int32_t> tokens;
+  bool mtp = false;
+  int64_t confirmed = 0;
+  std::vector<float> hidden_ring;
+};
+
+Snapshot::Snapshot() = default;
+Snapshot::~Snapshot() = default;
+Snapshot::Snapshot(const Snapshot&) = default;
+Snapshot& Snapshot::operator=(const Snapshot&) = default;
+int64_t Snapshot::pos() const { return impl_ ? impl_->st.pos : 0; }
+const std::vector<int32_t>& Snapshot::tokens() const { return impl_ ? impl_->tokens : kNoTokens; }
+size_t Snapshot::bytes() const {
+  if (!impl_) return 0;
+  size_t n = impl_->tokens.size() * sizeof(int32_t) + impl_->hidden_ring.size() * sizeof(float);
+  for (const LayerState& l : impl_->st.layers)
+    n += l.private_bytes() + static_cast<size_t>(l.entries.pages() + l.index_keys.pages()) * sizeof(std::shared_ptr<int>);
+  return n;
+}
+
+// ---- options ------------------------------------------------------------------------------
+
+WeightLoad parse_weight_load(const std::string& s) {
+  if (s == "auto") return WeightLoad::Auto;
+  if (s == "mmap") return WeightLoad::Mmap;
+  if (s == "read") return WeightLoad::Read;
+  throw Error("load mode must be auto, mmap or read, got '" + s + "'");
+}
+
+Device parse_device(const std::string& s) {
+  if (s == "cpu") return Device::Cpu;
+  if (s == "cuda") return Device::Cuda;
+  throw Error("device must be cpu or cuda, got '" + s + "'");
+}
+
+bool device_usable(Device d, std::string* why) {
+  if (d == Device::Cpu) return true;
+#ifdef DSV4_HAVE_CUDA
+  if (gpu::device_available()) return true;
+  if (why) *why = gpu::device_summary();
+#else
+  if (why) *why = "this dsv4 was built without CUDA support (CMake found no nvcc, or -DDSV4_CUDA=OFF)";
+#endif
+  return false;
+}
+
+static LoadMode to_load_mode(WeightLoad w) {
+  return w == WeightLoad::Mmap ? LoadMode::Mmap : w == WeightLoad::Read ? LoadMode::Read : LoadMode::Auto;
+}
+
+// ---- Engine -------------------------------------------------------------------------------
+
+Engine::Engine(const EngineOptions& o) {
+  std::string why;
+  if (!device_usable(o.device, &why)) throw Error("--device cuda: " + why, ErrorKind::Unsupported);
+  set_threads(o.threads);
+  ModelWeights w = load_model(o.model_dir, to_load_mode(o.load));
+  const ModelConfig& c = w.cfg;
+  const int64_t ctx = o.context > 0 ? o.context : (c.max_positions > 0 ? c.max_positions : (int64_t{1} << 40));
+  info_.dir = o.model_dir;
+  info_.format = w.format_summary();
+  info_.load = load_mode_name(w.store.load_mode());
+  info_.vocab = c.vocab;
+  info_.dim = c.dim;
+  info_.n_layers = c.n_layers;
+  info_.hc = c.hc;
+  info_.window = c.window;
+  info_.context = ctx;
+  info_.bos = c.bos;
+  info_.eos = c.eos;
+  info_.has_mtp = w.mtp.has_value();
+  info_.hidden_size = c.hc * c.dim;
+  for (const auto& f : w.store.files())
+    for (const auto& [name, t] : f->tensors()) info_.weight_bytes += static_cast<double>(t.nbytes);
+  if (o.device == Device::Cpu) {
+    info_.device = "cpu";
+    model_ = std::make_unique<Model>(std::move(w), make_cpu_backend);
+  } else {
+#ifdef DSV4_HAVE_CUDA
+    info_.device = "cuda";
+    CudaOptions co;
+    co.context = std::max<int64_t>(1, o.context > 0 ? o.context : std::min<int64_t>(ctx, 8192));
+    info_.context = co.context;
+    model_ = std::make_unique<Model>(std::move(w), [&](const ModelWeights& mw) { return make_cuda_backend(mw, co); });
+#endif
+  }
+  std::string tok = o.tokenizer;
+  if (tok.empty()) {
+    struct stat sb;
+    const std::string p = o.model_dir + "/tokenizer.json";
+    if (::stat(p.c_str(), &sb) == 0) tok = p;
+  }
+  if (!tok.empty()) tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(tok));
+}
+
+Engine::~Engine() = default;
+
+const Tokenizer& Engine::tokenizer() const {
+  if (!tokenizer_) throw Error(info_.dir + " has no tokenizer.json (give one with --tokenizer)");
+  return *tokenizer_;
+}
+
+void Engine::check_seq(const Sequence& s, const char* what) const {
+  if (!s.impl_) throw Error(std::string(what) + ": empty sequence handle");
+  if (s.impl_->owner != this) throw Error(std::string(what) + ": the sequence belongs to another engine");
+  if (s.impl_->broken) throw Error(std::string(what) + ": the sequence was left half-written by a failed step; start a new one");
+}
+
+Sequence Engine::new_sequence(const SequenceOptions& o) {
+  if (o.mtp && !info_.has_mtp) throw Error(info_.dir + " has no MTP block (num_nextn_predict_layers = 0)", ErrorKind::Unsupported);
+  Sequence s;
+  s.impl_ = std::make_unique<Sequence::Impl>();
+  s.impl_->owner = this;
+  s.impl_->st = model_->new_sequence();
+  s.impl_->mtp = o.mtp;
+  if (o.mtp) s.impl_->hidden_ring.assign(static_cast<size_t>(Sequence::Impl::kRingRows * info_.hidden_size), 0.0f);
+  return s;
+}
+
+// A sequence continuing from `st` and the host-side rest of a sequence or snapshot.
+template <class From>
+static std::unique_ptr<Sequence::Impl> copy_impl(const Engine* owner, const Model& m, const From& f) {
+  auto impl = std::make_unique<Sequence::Impl>();
+  impl->owner = owner;
+  impl->st = m.fork(f.st);
+  impl->tokens = f.tokens;
+  impl->mtp = f.mtp;
+  impl->confirmed = f.confirmed;
+  impl->hidden_ring = f.hidden_ring;
+  return impl;
+}
+
+Sequence Engine::fork(const Sequence& src) {
+  check_seq(src, "fork");
+  Sequence s;
+  s.impl_ = copy_impl(this, *model_, *src.impl_);
+  return s;
+}
+
+Snapshot Engine::snapshot(const Sequence& src) {
+  check_seq(src, "snapshot");
+  auto impl = std::make_shared<Snapshot::Impl>();
+  impl->owner = this;
+  impl->st = model_->fork(src.impl_->st);
+  impl->tokens = src.impl_->tokens;
+  impl->mtp = src.impl_->mtp;
+  impl->confirmed = src.impl_->confirmed;
+  impl->hidden_ring = src.impl_->hidden_ring;
+  Snapshot snap;
+  snap.impl_ = std::move(impl);
+  return snap;
+}
+
+Sequence Engine::restore(const Snapshot& snap) {
+  if (!snap.impl_) throw Error("restore: empty snapshot");
+  if (snap.impl_->owner != this) throw Error("restore: the snapshot belongs to another engine");
+  Sequence s;
+  s.impl_ = copy_impl(this, *model_, *snap.impl_);
+  return s;
+}
+
+void Engine::truncate(Sequence& s, int64_t pos) {
+  check_seq(s, "truncate");
+  Sequence::Impl& q = *s.impl_;
+  SequenceState& st = q.st;
+  if (pos < 0 || pos > st.pos)
+    throw Error("truncate: position " + std::to_string(pos) + " outside [0, " + std::to_string(st.pos) + "]");
+  // MTP position t read the main token t+1: positions >= pos - 1 go with the main tokens >= pos.
+  const int64_t mtp = q.mtp ? std::min(q.confirmed, std::max<int64_t>(pos - 1, 0)) : 0;
+  if (st.pos - pos > kCheapRewind || (q.mtp && st.mtp_pos - mtp > kCheapRewind)) return rebuild(s, pos);
+  model_->truncate(st, pos, Stack::Main);
+  if (q.mtp && mtp < st.mtp_pos) model_->truncate(st, mtp, Stack::Mtp);
+  q.confirmed = std::min(q.confirmed, mtp);
+  q.tokens.resize(static_cast<size_t>(pos));
+}
+
+// A deep rewind: a fresh state fed the kept tokens again in chunks (the MTP block follows).
+void Engine::rebuild(Sequence& s, int64_t pos) {
+  std::vector<int32_t> toks(s.impl_->tokens.begin(), s.impl_->tokens.begin() + pos);
+  Sequence::Impl& q = *s.impl_;
+  q.st = model_->new_sequence();
+  q.tokens.clear();
+  q.confirmed = 0;
+  constexpr int64_t kChunk = 512;
+  std::vector<StepResult> out(1);
+  for (int64_t p = 0; p < pos; p += kChunk) {
+    StepRequest r;
+    r.seq = &s;
+    r.tokens.assign(toks.begin() + p, toks.begin() + std::min(pos, p + kChunk));
+    r.logits = Rows::None;
+    run_step({r}, out);
+  }
+}
+
+void Engine::validate(const std::vector<StepRequest>& reqs) const {
+  std::set<const Sequence*> seen;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const StepRequest& r = reqs[i];
+    const std::string where = "step request " + std::to_string(i);
+    if (!r.seq) throw Error(where + ": no sequence");
+    check_seq(*r.seq, where.c_str());
+    if (!seen.insert(r.seq).second) throw Error(where + ": the same sequence appears twice in one step");
+    if (r.tokens.empty()) throw Error(where + ": no tokens");
+    if (r.mtp_logits && !r.seq->mtp()) throw Error(where + ": MTP logits asked of a sequence made without SequenceOptions::mtp");
+    for (size_t t = 0; t < r.tokens.size(); ++t)
+      if (r.tokens[t] < 0 || r.tokens[t] >= info_.vocab)
+        throw Error(where + ": token id " + std::to_string(r.tokens[t]) + " at index " + std::to_string(t) +
+                    " is outside the vocabulary [0, " + std::to_string(info_.vocab) + ")");
+    const int64_t end = r.seq->pos() + static_cast<int64_t>(r.tokens.size());
+    if (end > info_.context)
+      throw Error(where + ": " + std::to_string(end) + " tokens exceed the context limit of " + std::to_string(info_.context),
+                  ErrorKind::ResourceExhausted);
+  }
+}
+
+std::vector<StepResult> Engine::step(const std::vector<StepRequest>& reqs) {
+  validate(reqs);  // every check before any state changes (the exception-safety rule in engine.h)
+  std::vector<StepResult> out(reqs.size());
+  try {
+    run_step(reqs, out);
+  } catch (...) {
+    for (const StepRequest& r : reqs) r.seq->impl_->broken = true;
+    throw;
+  }
+  return out;
+}
+
+void Engine::run_step(const std::vector<StepRequest>& reqs, std::vector<StepResult>& out) {
+  const int64_t V = info_.vocab, Hs = info_.hidden_size;
+  out.assign(reqs.size(), {});
+  // MTP positions run ahead by drafting are dropped first (at most kCheapRewind).
+  for (const StepRequest& r : reqs) {
+    Sequence::Impl& q = *r.seq->impl_;
+    if (q.mtp && q.st.mtp_pos > q.confirmed) model_->truncate(q.st, q.confirmed, Stack::Mtp);
+  }
+  std::vector<std::vector<float>> hid(reqs.size());  // MTP sequences: every row's final state
+  std::vector<SeqInput> in;
+  std::vector<int64_t> pos0(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const StepRequest& r = reqs[i];
+    Sequence::Impl& q = *r.seq->impl_;
+    pos0[i] = q.st.pos;
+    const int64_t n = static_cast<int64_t>(r.tokens.size());
+    const int64_t rows = r.logits == Rows::All ? n : r.logits == Rows::Last ? 1 : 0;
+    out[i].logits.resize(static_cast<size_t>(rows * V));
+    if (r.hidden || q.mtp) hid[i].resize(static_cast<size_t>(n * Hs));
+    in.push_back({&q.st, r.tokens.data(), n, r.logits, out[i].logits.data(), hid[i].empty() ? nullptr : hid[i].data(), nullptr});
+  }
+  model_->step(Stack::Main, in);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Sequence::Impl& q = *reqs[i].seq->impl_;
+    q.tokens.insert(q.tokens.end(), reqs[i].tokens.begin(), reqs[i].tokens.end());
+  }
+
+  // The MTP block catches up on every position whose next token is now known: positions
+  // [mtp_pos, pos - 1), hidden state from the ring (before this step) or this step's rows.
+  std::vector<SeqInput> mi;
+  std::vector<std::vector<float>> mh(reqs.size());
+  std::vector<size_t> who;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Sequence::Impl& q = *reqs[i].seq->impl_;
+    if (!q.mtp) continue;
+    const int64_t first = q.st.mtp_pos, end = q.st.pos - 1, m = end - first;
+    out[i].mtp_first = first;
+    if (m <= 0) continue;
+    DSV4_CHECK(first >= pos0[i] - Sequence::Impl::kRingRows);
+    mh[i].resize(static_cast<size_t>(m * Hs));
+    for (int64_t t = first; t < end; ++t) {
+      const float* src = t >= pos0[i] ? hid[i].data() + (t - pos0[i]) * Hs
+                                      : q.hidden_ring.data() + (t % Sequence::Impl::kRingRows) * Hs;
+      std::copy(src, src + Hs, mh[i].data() + (t - first) * Hs);
+    }
+    if (reqs[i].mtp_logits) out[i].mtp_logits.resize(static_cast<size_t>(m * V));
+    mi.push_back({&q.st, q.tokens.data() + first + 1, m, reqs[i].mtp_logits ? Rows::All : Rows::None,
+                  reqs[i].mtp_logits ? out[i].mtp_logits.data() : nullptr, nullptr, mh[i].data()});
+    who.push_back(i);
+  }
+  if (!mi.empty()) model_->step(Stack::Mtp, mi);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Sequence::Impl& q = *reqs[i].seq->impl_;
+    if (q.mtp) {
+      q.confirmed = q.st.mtp_pos;
+      const int64_t n = static_cast<int64_t>(reqs[i].tokens.size());
+      for (int64_t t = std::max<int64_t>(0, n - Sequence::Impl::kRingRows); t < n; ++t)
+        std::copy(hid[i].data() + t * Hs, hid[i].data() + (t + 1) * Hs,
+                  q.hidden_ring.data() + ((pos0[i] + t) % Sequence::Impl::kRingRows) * Hs);
+    }
+    if (reqs[i].hidden) out[i].hidden = std::move(hid[i]);
+  }
+}
+
+std::vector<std::vector<int32_t>> Engine::draft(const std::vector<DraftRequest>& reqs) {
+  std::set<const Sequence*> seen;
+  int64_t rounds = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const DraftRequest& r = reqs[i];
+    const std::string where = "draft request " + std::to_string(i);
+    if (!r.seq) throw Error(where + ": no sequence");
+    check_seq(*r.seq, where.c_str());
+    if (!r.seq->mtp()) throw Error(where + ": the sequence was made without SequenceOptions::mtp");
+    if (!seen.insert(r.seq).second) throw Error(where + ": the same sequence appears twice");
+    if (r.n < 1 || r.n > kCheapRewind)
+      throw Error(where + ": drafts must number 1.." + std::to_string(kCheapRewind) + ", got " + std::to_string(r.n));
+    if (r.next < 0 || r.next >= info_.vocab) throw Error(where + ": token id " + std::to_string(r.next) + " is outside the vocabulary");
+    if (r.seq->pos() == 0) throw Error(where + ": the sequence has consumed no token yet");
+    rounds = std::max(rounds, r.n);
+  }
+  const int64_t V = info_.vocab, Hs = info_.hidden_size;
+  std::vector<std::vector<int32_t>> out(reqs.size());
+  std::vector<std::vector<float>> h(reqs.size()), hn(reqs.size()), lg(reqs.size());
+  std::vector<int32_t> tok(reqs.size());
+  try {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Sequence::Impl& q = *reqs[i].seq->impl_;
+      if (q.st.mtp_pos > q.confirmed) model_->truncate(q.st, q.confirmed, Stack::Mtp);
+      DSV4_CHECK(q.st.mtp_pos == q.st.pos - 1);
+      // Position pos - 1 from the main model's state there and the token about to be fed.
+      const float* x = q.hidden_ring.data() + ((q.st.pos - 1) % Sequence::Impl::kRingRows) * Hs;
+      h[i].assign(x, x + Hs);
+      tok[i] = reqs[i].next;
+    }
+    for (int64_t k = 0; k < rounds; ++k) {
+      std::vector<SeqInput> in;
+      std::vector<size_t> who;
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        if (k >= reqs[i].n) continue;
+        lg[i].resize(static_cast<size_t>(V));
+        hn[i].resize(static_cast<size_t>(Hs));
+        in.push_back({&reqs[i].seq->impl_->st, &tok[i], 1, Rows::Last, lg[i].data(), hn[i].data(), h[i].data()});
+        who.push_back(i);
+      }
+      model_->step(Stack::Mtp, in);
+      for (size_t i : who) {
+        tok[i] = static_cast<int32_t>(std::max_element(lg[i].begin(), lg[i].end()) - lg[i].begin());
+        out[i].push_back(tok[i]);
+        std::swap(h[i], hn[i]);  // the next draft position reads this one's output state
+      }
+    }
+  } catch (...) {
+    for (const DraftRequest& r : reqs) r.seq->impl_->broken = true;
+    throw;
+  }
+  return out;
+}
+
+}  // namespace dsv4

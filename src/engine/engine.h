@@ -1,0 +1,185 @@
+#pragma once
+// The engine API: the one door through which apps (the CLI, the bench, later the server) use a
+// DeepSeek-V4 model. An Engine holds what is loaded once (weights on a backend, tokenizer);
+// Sequences hold per-sequence state (caches, position, the tokens consumed).
+//
+//   Engine e({.model_dir = "m"});
+//   Sequence a = e.new_sequence(), b = e.new_sequence();
+//   auto out = e.step({{&a, prompt_a, Rows::Last}, {&b, {tok}, Rows::Last}});  // one batched step
+//   e.truncate(a, a.pos() - 3);   // rewind (cheap up to kCheapRewind tokens)
+//   Sequence c = e.fork(a);       // continues from a's state without re-prefilling
+//
+// Batched steps: one step takes tokens of several sequences, each at its own position, prefill
+// chunks and single decode tokens mixed; every weight is read once per step. A sequence's
+// logits are bit-identical whatever else is in the step.
+//
+// Errors: dsv4::Error (core/error.h) with a kind a server maps to a status. Exception safety of
+// a step: every check that can fail on the request (token ids, sequence ownership, duplicates,
+// context limit, MTP inputs) runs before any state is touched, so a refused step changes
+// nothing. A failure after that (out of memory, a device error) leaves the sequences of that
+// step half-written: they are marked broken and every later use of them throws; other sequences
+// are untouched. Broken internal invariants abort (DSV4_CHECK).
+//
+// Not thread-safe: one thread drives an Engine and its sequences (the server's scheduler).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/rows.h"
+#include "text/tokenizer.h"
+
+namespace dsv4 {
+
+class Model;
+struct SequenceState;
+
+enum class Device { Cpu, Cuda };
+// How checkpoint bytes get into memory: Auto reads them into anonymous memory when they take at
+// most half of the available memory, else maps the files.
+enum class WeightLoad { Auto, Mmap, Read };
+
+struct EngineOptions {
+  std::string model_dir;
+  WeightLoad load = WeightLoad::Auto;
+  Device device = Device::Cpu;
+  int threads = 0;          // CPU threads (0 = all cores)
+  int64_t context = 0;      // positions a sequence may hold (0 = the model's max_position_embeddings)
+  std::string tokenizer;    // tokenizer.json ("" = <model_dir>/tokenizer.json when present)
+};
+
+// What apps may know about the loaded model.
+struct ModelInfo {
+  std::string dir, format, device, load;  // format: e.g. "native (FP8 + MXFP4 experts)"; load: mmap | read
+  int64_t vocab = 0, dim = 0, n_layers = 0, hc = 0, window = 0;
+  int64_t context = 0;        // positions a sequence may hold
+  int64_t bos = 0, eos = 1;
+  bool has_mtp = false;
+  int64_t hidden_size = 0;    // floats in one row of final hidden state (hc * dim)
+  double weight_bytes = 0;    // bytes of the checkpoint's tensors
+};
+
+// Tokens a truncate may drop without recomputing (speculative decoding rewinds every step).
+// Deeper rewinds replay the kept tokens from the start (a prefill of `pos` tokens).
+constexpr int64_t kCheapRewind = 16;
+
+class Engine;
+
+// A sequence's state. Move-only; belongs to the Engine that made it and must not outlive it.
+class Sequence {
+ public:
+  Sequence();
+  ~Sequence();
+  Sequence(Sequence&&) noexcept;
+  Sequence& operator=(Sequence&&) noexcept;
+
+  int64_t pos() const;                        // main-model tokens consumed
+  int64_t mtp_pos() const;                    // MTP block positions consumed
+  const std::vector<int32_t>& tokens() const; // the main-model tokens consumed, in order
+  size_t cache_bytes() const;                 // bytes of cache this sequence references
+  bool broken() const;                        // a failed step left it half-written
+  bool mtp() const;                           // SequenceOptions::mtp
+
+  struct Impl;  // opaque (engine/engine.cpp)
+
+ private:
+  friend class Engine;
+  std::unique_ptr<Impl> impl_;
+};
+
+// An immutable copy of a sequence's state to continue from later (prefix cache, n > 1
+// completions). Costs the window rows and compressor rows; compressed entries are shared.
+class Snapshot {
+ public:
+  Snapshot();
+  ~Snapshot();
+  Snapshot(const Snapshot&);
+  Snapshot& operator=(const Snapshot&);
+  int64_t pos() const;
+  const std::vector<int32_t>& tokens() const;
+  size_t bytes() const;         // bytes this snapshot holds on its own (not shared with its origin)
+
+  struct Impl;  // opaque (engine/engine.cpp)
+
+ private:
+  friend class Engine;
+  std::shared_ptr<const Impl> impl_;
+};
+
+// Per-sequence options.
+struct SequenceOptions {
+  // Keep the MTP block in step with the main model (MODEL.md "MTP block"): after every step
+  // the block consumes each position whose next token is known, so it can draft (Engine::draft)
+  // and report its logits (StepRequest::mtp_logits). Costs one MTP block pass per token.
+  bool mtp = false;
+};
+
+// One sequence's part of a step.
+struct StepRequest {
+  Sequence* seq = nullptr;
+  std::vector<int32_t> tokens;  // fed at positions seq->pos()..
+  Rows logits = Rows::Last;     // None / Last ([1, vocab]) / All ([n, vocab])
+  bool hidden = false;          // also return the final hc state of every row ([n, hc*dim])
+  bool mtp_logits = false;      // also return the MTP block's logits of the positions it consumed
+};
+
+struct StepResult {
+  std::vector<float> logits;      // [rows, vocab]
+  std::vector<float> hidden;      // [n, hc*dim] when asked
+  // MTP sequences, when asked: the block's logits for positions [mtp_first, mtp_first + rows),
+  // row t = the block at position t given token t+1, predicting token t+2.
+  std::vector<float> mtp_logits;
+  int64_t mtp_first = 0;
+};
+
+// Greedy drafts for speculative decoding: `next` is the token that will be fed next (sampled
+// from the last logits); the MTP block drafts the n tokens after it, each from its own
+// previous output.
+struct DraftRequest {
+  Sequence* seq = nullptr;
+  int32_t next = 0;
+  int64_t n = 1;  // 1..kCheapRewind
+};
+
+class Engine {
+ public:
+  explicit Engine(const EngineOptions& o);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const ModelInfo& info() const { return info_; }
+  bool has_tokenizer() const { return tokenizer_ != nullptr; }
+  const Tokenizer& tokenizer() const;  // throws Error when the model has no tokenizer.json
+
+  Sequence new_sequence(const SequenceOptions& o = {});
+  Sequence fork(const Sequence& s);
+  Snapshot snapshot(const Sequence& s);
+  Sequence restore(const Snapshot& snap);
+  // Drops the tokens at positions >= pos (and the MTP positions that depend on them): feeding
+  // new tokens afterwards gives exactly what a fresh sequence fed the new stream gives.
+  void truncate(Sequence& s, int64_t pos);
+
+  // One batched step. Results in request order.
+  std::vector<StepResult> step(const std::vector<StepRequest>& reqs);
+  // Drafts for each request's sequence (SequenceOptions::mtp), batched: n MTP passes.
+  std::vector<std::vector<int32_t>> draft(const std::vector<DraftRequest>& reqs);
+
+ private:
+  void check_seq(const Sequence& s, const char* what) const;
+  void validate(const std::vector<StepRequest>& reqs) const;
+  void run_step(const std::vector<StepRequest>& reqs, std::vector<StepResult>& out);
+  void rebuild(Sequence& s, int64_t pos);
+
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ModelInfo info_;
+};
+
+WeightLoad parse_weight_load(const std::string& s);  // "auto" | "mmap" | "read"; throws Error
+Device parse_device(const std::string& s);           // "cpu" | "cuda"; throws Error
+// Whether this build can run on `d` here; when not, `why` says why.
+bool device_usable(Device d, std::string* why);
+
+}  // namespace dsv4

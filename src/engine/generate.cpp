@@ -1,0 +1,204 @@
+#include "engine/generate.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+Session new_session(Engine& e, const GenerateOptions& opt) {
+  SequenceOptions so;
+  so.mtp = opt.draft > 0;
+  return Session{e.new_sequence(so), {}};
+}
+
+namespace {
+
+// Streams text while watching for stop strings: `pending` holds text not yet emitted because
+// its tail might be the start of a stop string.
+class StopFilter {
+ public:
+  StopFilter(const std::vector<std::string>& stops, const TextSink& sink, std::string& out)
+      : stops_(stops), sink_(sink), out_(out) {}
+
+  // Returns true when a stop string completed; text before it has been emitted.
+  bool push(const std::string& text) {
+    pending_ += text;
+    size_t cut = std::string::npos;
+    for (const auto& s : stops_) {
+      size_t at = s.empty() ? std::string::npos : pending_.find(s);
+      if (at != std::string::npos) cut = std::min(cut, at);
+    }
+    if (cut != std::string::npos) {
+      emit(pending_.substr(0, cut));
+      pending_.clear();
+      return true;
+    }
+    size_t hold = 0;  // longest suffix of pending that is a proper prefix of a stop string
+    for (const auto& s : stops_)
+      for (size_t n = std::min(s.size() - 1, pending_.size()); n > hold; --n)
+        if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
+          hold = n;
+          break;
+        }
+    // Never split a UTF-8 character when holding back.
+    size_t end = pending_.size() - hold;
+    while (end > 0 && end < pending_.size() && (static_cast<unsigned char>(pending_[end]) & 0xC0) == 0x80) --end;
+    emit(pending_.substr(0, end));
+    pending_.erase(0, end);
+    return false;
+  }
+  void finish() {
+    emit(pending_);
+    pending_.clear();
+  }
+
+ private:
+  void emit(const std::string& t) {
+    if (t.empty()) return;
+    out_ += t;
+    if (sink_) sink_(t);
+  }
+  const std::vector<std::string>& stops_;
+  const TextSink& sink_;
+  std::string& out_;
+  std::string pending_;
+};
+
+}  // namespace
+
+namespace {
+
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+// Puts into s.seq the longest reusable state for `prompt`, leaving at least its last token to
+// feed (its logits start the generation). Returns the tokens reused.
+int64_t reuse_prefix(Engine& e, Session& s, const std::vector<int32_t>& prompt, const GenerateOptions& opt) {
+  const size_t cap = prompt.size() - 1;
+  const size_t live = std::min(common_prefix(s.seq.tokens(), prompt), cap);
+  const size_t snap = std::min(common_prefix(s.prompt_end.tokens(), prompt), cap);
+  const bool live_ok = s.seq.pos() - static_cast<int64_t>(live) <= kCheapRewind && !s.seq.broken();
+  const bool snap_ok = s.prompt_end.pos() > 0 && s.prompt_end.pos() - static_cast<int64_t>(snap) <= kCheapRewind;
+  if (snap_ok && (!live_ok || snap > live)) {
+    s.seq = e.restore(s.prompt_end);
+    e.truncate(s.seq, static_cast<int64_t>(snap));
+  } else if (live_ok && live > 0) {
+    e.truncate(s.seq, static_cast<int64_t>(live));
+  } else {
+    s = new_session(e, opt);  // nothing cheap to reuse: prefill from the start
+  }
+  if (s.seq.mtp() != (opt.draft > 0)) s = new_session(e, opt);
+  return s.seq.pos();
+}
+
+}  // namespace
+
+GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
+                        const TextSink& sink) {
+  const ModelInfo& info = e.info();
+  const Tokenizer& tok = e.tokenizer();
+  const int64_t V = info.vocab;
+  const int64_t limit = opt.context_limit > 0 ? std::min(opt.context_limit, info.context) : info.context;
+  if (prompt.empty()) throw Error("generate: empty prompt");
+  if (static_cast<int64_t>(prompt.size()) >= limit)
+    throw Error("prompt has " + std::to_string(prompt.size()) + " tokens; the context limit is " + std::to_string(limit) +
+                " (no room to generate)");
+  if (opt.max_new_tokens < 0) throw Error("max new tokens must be >= 0");
+  if (opt.draft < 0 || opt.draft > kCheapRewind)
+    throw Error("draft must be in [0, " + std::to_string(kCheapRewind) + "], got " + std::to_string(opt.draft));
+  if (opt.draft > 0 && opt.sampling.temperature > 0)
+    throw Error("speculative decoding (draft) is greedy: it needs temperature 0");
+  if (opt.draft > 0 && !info.has_mtp) throw Error(info.dir + " has no MTP block to draft with", ErrorKind::Unsupported);
+  for (size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= V)
+      throw Error("prompt token id " + std::to_string(prompt[i]) + " at index " + std::to_string(i) + " is outside the model's vocabulary [0, " +
+                  std::to_string(V) + ")");
+
+  GenerateResult r;
+  r.reused_tokens = reuse_prefix(e, s, prompt, opt);
+  std::vector<int32_t> pending(prompt.begin() + r.reused_tokens, prompt.end());
+  r.prompt_tokens = static_cast<int64_t>(pending.size());
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits;
+  const int64_t chunk = opt.prefill_chunk > 0 ? opt.prefill_chunk : static_cast<int64_t>(pending.size());
+  for (size_t p = 0; p < pending.size(); p += static_cast<size_t>(chunk)) {
+    const size_t n = std::min<size_t>(static_cast<size_t>(chunk), pending.size() - p);
+    const bool last = p + n == pending.size();
+    StepRequest req;
+    req.seq = &s.seq;
+    req.tokens.assign(pending.begin() + static_cast<std::ptrdiff_t>(p), pending.begin() + static_cast<std::ptrdiff_t>(p + n));
+    req.logits = last ? Rows::Last : Rows::None;
+    std::vector<StepResult> out = e.step({req});
+    if (last) logits = std::move(out[0].logits);
+  }
+  s.prompt_end = e.snapshot(s.seq);
+  auto t1 = std::chrono::steady_clock::now();
+
+  Sampler sampler(opt.sampling);
+  StreamDecoder dec(tok);
+  StopFilter filter(opt.stop_strings, sink, r.text);
+  std::vector<int32_t> history = s.seq.tokens();
+  r.stop_reason = "max_tokens";
+  // Takes one sampled token, `consumed` tokens having been fed before it: false when
+  // generation ends with it.
+  auto take = [&](int32_t id, int64_t consumed) {
+    if (id == info.eos) return r.stop_reason = "eos", false;
+    if (std::find(opt.stop_tokens.begin(), opt.stop_tokens.end(), id) != opt.stop_tokens.end()) return r.stop_reason = "stop_token", false;
+    r.tokens.push_back(id);
+    history.push_back(id);
+    if (filter.push(dec.push(id))) return r.stop_reason = "stop_string", false;
+    if (static_cast<int64_t>(r.tokens.size()) == opt.max_new_tokens) return false;  // no need to run the model for it
+    if (consumed + 1 >= limit) return r.stop_reason = "context_limit", false;
+    return true;
+  };
+  int32_t id = opt.max_new_tokens > 0 ? sampler.sample(logits.data(), V, history) : 0;
+  bool go = opt.max_new_tokens > 0 && take(id, s.seq.pos());
+  while (go) {
+    if (opt.draft == 0) {
+      StepRequest req;
+      req.seq = &s.seq;
+      req.tokens = {id};
+      logits = std::move(e.step({req})[0].logits);
+      ++r.steps;
+      id = sampler.sample(logits.data(), V, history);
+      go = take(id, s.seq.pos());
+      continue;
+    }
+    // Speculative: drafts d1..dn after `id`; the main model scores id, d1..dn in one step; the
+    // drafts are kept while they equal what the sampler picks; the rest are rewound.
+    const int64_t room = limit - 1 - s.seq.pos() - 1;  // positions left after feeding id
+    const int64_t n = std::min<int64_t>(opt.draft, std::max<int64_t>(room, 0));
+    std::vector<int32_t> drafts;
+    if (n > 0) drafts = e.draft({{&s.seq, id, n}})[0];
+    StepRequest req;
+    req.seq = &s.seq;
+    req.tokens = {id};
+    req.tokens.insert(req.tokens.end(), drafts.begin(), drafts.end());
+    req.logits = Rows::All;
+    const int64_t base = s.seq.pos();
+    logits = std::move(e.step({req})[0].logits);
+    ++r.steps;
+    r.drafted += n;
+    int64_t used = 0;  // rows of logits consumed
+    for (;;) {
+      id = sampler.sample(logits.data() + used * V, V, history);
+      ++used;
+      go = take(id, base + used);
+      if (!go || used > n || id != drafts[used - 1]) break;
+      ++r.accepted;  // the draft was right: its row's logits are the next ones
+    }
+    // The sequence keeps id's predecessor and the accepted drafts: base + used positions.
+    if (s.seq.pos() > base + used) e.truncate(s.seq, base + used);
+  }
+  if (r.stop_reason != "stop_string") filter.push(dec.flush()), filter.finish();
+  r.prefill_s = std::chrono::duration<double>(t1 - t0).count();
+  r.decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  return r;
+}
+
+}  // namespace dsv4

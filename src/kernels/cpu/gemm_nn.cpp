@@ -1,0 +1,121 @@
+#include "kernels/cpu/gemm_nn.h"
+
+// GCC 12's intrinsic headers trip -Wuninitialized once inlined (GCC PR 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/threads.h"
+#include "kernels/cpu/qmatmul.h"
+
+namespace dsv4 {
+
+namespace {
+
+// Scalar reference: the same per-element order (k ascending, one fma chain) as the SIMD tiles.
+void tile_scalar(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t n0,
+                 int64_t n1, int64_t K) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      float acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc = std::fma(A[m * lda + k], B[k * ldb + n], acc);
+      C[m * ldc + n] = acc;
+    }
+}
+
+// 8 rows x 32 columns of C in 16 accumulators; per k: two loads of B, eight broadcasts of A.
+__attribute__((target("avx512f"))) void tile_avx512(const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+                                                     int64_t ldc, int64_t M, int64_t n0, int64_t n1, int64_t K) {
+  int64_t n = n0;
+  for (; n + 32 <= n1; n += 32) {
+    int64_t m = 0;
+    for (; m + 8 <= M; m += 8) {
+      __m512 c[8][2];
+      for (auto& r : c) r[0] = r[1] = _mm512_setzero_ps();
+      for (int64_t k = 0; k < K; ++k) {
+        const __m512 b0 = _mm512_loadu_ps(B + k * ldb + n), b1 = _mm512_loadu_ps(B + k * ldb + n + 16);
+        for (int i = 0; i < 8; ++i) {
+          const __m512 a = _mm512_set1_ps(A[(m + i) * lda + k]);
+          c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
+          c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+        }
+      }
+      for (int i = 0; i < 8; ++i) {
+        _mm512_storeu_ps(C + (m + i) * ldc + n, c[i][0]);
+        _mm512_storeu_ps(C + (m + i) * ldc + n + 16, c[i][1]);
+      }
+    }
+    for (; m < M; ++m) {
+      __m512 c0 = _mm512_setzero_ps(), c1 = c0;
+      for (int64_t k = 0; k < K; ++k) {
+        const __m512 a = _mm512_set1_ps(A[m * lda + k]);
+        c0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(B + k * ldb + n), c0);
+        c1 = _mm512_fmadd_ps(a, _mm512_loadu_ps(B + k * ldb + n + 16), c1);
+      }
+      _mm512_storeu_ps(C + m * ldc + n, c0);
+      _mm512_storeu_ps(C + m * ldc + n + 16, c1);
+    }
+  }
+  if (n < n1) tile_scalar(A, lda, B, ldb, C, ldc, M, n, n1, K);
+}
+
+// 4 rows x 16 columns in 8 accumulators.
+__attribute__((target("avx2,fma"))) void tile_avx2(const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+                                                   int64_t ldc, int64_t M, int64_t n0, int64_t n1, int64_t K) {
+  int64_t n = n0;
+  for (; n + 16 <= n1; n += 16) {
+    for (int64_t m = 0; m < M; m += 4) {
+      const int64_t rows = std::min<int64_t>(4, M - m);
+      __m256 c[4][2];
+      for (auto& r : c) r[0] = r[1] = _mm256_setzero_ps();
+      for (int64_t k = 0; k < K; ++k) {
+        const __m256 b0 = _mm256_loadu_ps(B + k * ldb + n), b1 = _mm256_loadu_ps(B + k * ldb + n + 8);
+        for (int i = 0; i < rows; ++i) {
+          const __m256 a = _mm256_set1_ps(A[(m + i) * lda + k]);
+          c[i][0] = _mm256_fmadd_ps(a, b0, c[i][0]);
+          c[i][1] = _mm256_fmadd_ps(a, b1, c[i][1]);
+        }
+      }
+      for (int i = 0; i < rows; ++i) {
+        _mm256_storeu_ps(C + (m + i) * ldc + n, c[i][0]);
+        _mm256_storeu_ps(C + (m + i) * ldc + n + 8, c[i][1]);
+      }
+    }
+  }
+  if (n < n1) tile_scalar(A, lda, B, ldb, C, ldc, M, n, n1, K);
+}
+
+}  // namespace
+
+namespace {
+
+// Columns [n0, n1) of C with the active ISA's tile.
+void columns(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t n0,
+             int64_t n1, int64_t K) {
+  const Isa isa = active_isa();
+  if (isa == Isa::AVX512)
+    tile_avx512(A, lda, B, ldb, C, ldc, M, n0, n1, K);
+  else if (isa == Isa::AVX2)
+    tile_avx2(A, lda, B, ldb, C, ldc, M, n0, n1, K);
+  else
+    tile_scalar(A, lda, B, ldb, C, ldc, M, n0, n1, K);
+}
+
+}  // namespace
+
+void gemm_nn(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
+  // Split N in 32-column strips over the pool; every element's k-order is the same in any split.
+  const int64_t strips = (N + 31) / 32;
+  thread_pool().parallel_for(strips, [&](int64_t b, int64_t e) { columns(A, lda, B, ldb, C, ldc, M, b * 32, std::min(N, e * 32), K); });
+}
+
+void gemm_nn_local(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t N,
+                   int64_t K) {
+  columns(A, lda, B, ldb, C, ldc, M, 0, N, K);
+}
+
+}  // namespace dsv4

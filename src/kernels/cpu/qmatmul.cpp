@@ -1,0 +1,246 @@
+#include "kernels/cpu/qmatmul.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "kernels/cpu/qmatmul_impl.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
+namespace dsv4 {
+namespace qmm {
+
+namespace {
+
+struct AlignedBuf {
+  float* p = nullptr;
+  size_t cap = 0;
+  AlignedBuf() = default;
+  AlignedBuf(const AlignedBuf&) = delete;
+  AlignedBuf& operator=(const AlignedBuf&) = delete;
+  ~AlignedBuf() {
+#if defined(__SANITIZE_ADDRESS__)
+    if (p != nullptr) ASAN_UNPOISON_MEMORY_REGION(p, cap * sizeof(float));
+#endif
+    std::free(p);
+  }
+};
+
+}  // namespace
+
+namespace {
+AlignedBuf* thread_bufs() {
+  thread_local AlignedBuf bufs[kNumSlots];
+  return bufs;
+}
+}  // namespace
+
+void release_scratch() {
+  for (int i = 0; i < kNumSlots; ++i) {
+    AlignedBuf& b = thread_bufs()[i];
+#if defined(__SANITIZE_ADDRESS__)
+    if (b.p != nullptr) ASAN_UNPOISON_MEMORY_REGION(b.p, b.cap * sizeof(float));
+#endif
+    std::free(b.p);
+    b.p = nullptr;
+    b.cap = 0;
+  }
+}
+
+float* scratch(ScratchSlot slot, size_t floats) {
+  AlignedBuf& b = thread_bufs()[slot];
+  if (floats > b.cap) {
+    // Grow geometrically; round to whole cache lines as aligned_alloc requires.
+    size_t cap = std::max(floats, b.cap + b.cap / 2);
+    cap = (cap + 15) / 16 * 16;
+    void* p = std::aligned_alloc(64, cap * sizeof(float));
+    if (p == nullptr) throw Error("qmatmul: out of memory for scratch");
+    std::free(b.p);
+    b.p = static_cast<float*>(p);
+    b.cap = cap;
+  }
+#if defined(__SANITIZE_ADDRESS__)
+  // Under AddressSanitizer, reading or writing past what this call asked for is an error even
+  // where an earlier, larger request left room.
+  ASAN_UNPOISON_MEMORY_REGION(b.p, floats * sizeof(float));
+  ASAN_POISON_MEMORY_REGION(b.p + floats, (b.cap - floats) * sizeof(float));
+#endif
+  return b.p;
+}
+
+namespace {
+
+// Scalar fallback: dequant_row (the reference decoder) and a 4-way float dot per token.
+void run_scalar(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
+                int64_t ldy) {
+  const int64_t cols = w.cols;
+  thread_pool().parallel_for(r1 - r0, [&](int64_t b, int64_t e) {
+    float* row = scratch(kSlotPanel, static_cast<size_t>(cols));
+    for (int64_t i = b; i < e; ++i) {
+      dequant_row(w, r0 + i, row);
+      for (int64_t t = 0; t < T; ++t) {
+        const float* xt = x + t * ldx;
+        float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        int64_t c = 0;
+        for (; c + 4 <= cols; c += 4) {
+          s0 += row[c] * xt[c];
+          s1 += row[c + 1] * xt[c + 1];
+          s2 += row[c + 2] * xt[c + 2];
+          s3 += row[c + 3] * xt[c + 3];
+        }
+        for (; c < cols; ++c) s0 += row[c] * xt[c];
+        y[t * ldy + i] = (s0 + s1) + (s2 + s3);
+      }
+    }
+  });
+}
+
+// Default fused/GEMM crossover in T, per ISA (measured with qmatmul_bench's T sweep: the fused
+// kernel's rate is flat from T~8 while the GEMM path keeps rising; AVX2 crosses earlier).
+constexpr int kDefaultFusedMaxT512 = 24;
+constexpr int kDefaultFusedMaxT256 = 8;
+constexpr int kAuto = -1;
+constexpr int64_t kSwapMaxRows = 24;  // F32 weights this small swap operands at large T (qmatmul)
+std::atomic<int> g_override{-1};
+std::atomic<int> g_fused_max{kAuto};
+
+Isa env_isa() {
+  static const Isa isa = [] {
+    const char* e = std::getenv("DSV4_ISA");
+    if (e == nullptr || *e == '\0') return best_isa();
+    const std::string s(e);
+    Isa want;
+    if (s == "scalar") {
+      want = Isa::Scalar;
+    } else if (s == "avx2") {
+      want = Isa::AVX2;
+    } else if (s == "avx512") {
+      want = Isa::AVX512;
+    } else {
+      std::fprintf(stderr, "dsv4: unknown DSV4_ISA='%s' (scalar|avx2|avx512), using %s\n", e, isa_name(best_isa()));
+      return best_isa();
+    }
+    if (!isa_supported(want)) {
+      std::fprintf(stderr, "dsv4: DSV4_ISA=%s is not supported by this CPU, using %s\n", e, isa_name(best_isa()));
+      return best_isa();
+    }
+    return want;
+  }();
+  return isa;
+}
+
+}  // namespace
+}  // namespace qmm
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return "scalar";
+    case Isa::AVX2: return "avx2";
+    case Isa::AVX512: return "avx512";
+  }
+  return "?";
+}
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return true;
+    case Isa::AVX2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case Isa::AVX512:
+      return isa_supported(Isa::AVX2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }
+  return false;
+}
+
+Isa best_isa() {
+  static const Isa best = isa_supported(Isa::AVX512) ? Isa::AVX512
+                          : isa_supported(Isa::AVX2) ? Isa::AVX2
+                                                     : Isa::Scalar;
+  return best;
+}
+
+Isa active_isa() {
+  const int o = qmm::g_override.load(std::memory_order_relaxed);
+  return o >= 0 ? static_cast<Isa>(o) : qmm::env_isa();
+}
+
+void set_isa_override(Isa isa) {
+  if (!isa_supported(isa)) throw Error(std::string("qmatmul: ISA ") + isa_name(isa) + " is not supported by this CPU");
+  qmm::g_override.store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+void clear_isa_override() { qmm::g_override.store(-1, std::memory_order_relaxed); }
+
+void set_qmatmul_fused_max_tokens(int t) {
+  qmm::g_fused_max.store(t < 0 ? qmm::kAuto : t, std::memory_order_relaxed);
+}
+
+namespace qmm {
+namespace {
+int fused_max_for(Isa isa) {
+  const int t = g_fused_max.load(std::memory_order_relaxed);
+  if (t != kAuto) return t;
+  return isa == Isa::AVX2 ? kDefaultFusedMaxT256 : kDefaultFusedMaxT512;
+}
+}  // namespace
+}  // namespace qmm
+
+int qmatmul_fused_max_tokens() { return qmm::fused_max_for(active_isa()); }
+
+void qmatmul_release_scratch() { qmm::release_scratch(); }
+
+void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
+             int64_t ldy) {
+  if (w.empty()) throw Error("qmatmul: weight '" + w.name + "' has no data");
+  if (r0 < 0 || r1 > w.rows || r0 > r1) {
+    throw Error("qmatmul: rows [" + std::to_string(r0) + ", " + std::to_string(r1) + ") out of range for '" +
+                w.name + "' with " + std::to_string(w.rows) + " rows");
+  }
+  if (T < 0) throw Error("qmatmul: negative token count");
+  if ((w.fmt == WFormat::MXFP4 || w.fmt == WFormat::NVFP4) && w.cols % 2 != 0) {
+    throw Error("qmatmul: FP4 weight '" + w.name + "' has odd cols " + std::to_string(w.cols));
+  }
+  if (T == 0 || r0 == r1) return;
+  if (w.cols == 0) {  // empty sums
+    for (int64_t t = 0; t < T; ++t) std::fill(y + t * ldy, y + t * ldy + (r1 - r0), 0.0f);
+    return;
+  }
+  const Isa isa = active_isa();
+  // A few F32 rows against many tokens (mHC's mixes: 24 x 16384 per chunk): the GEMM path would
+  // pack all of x into panels for a few rows of work, and the 64-row panel of such long rows
+  // spills L2. Swapped (x's rows as the F32 weight, W's rows as the tokens, the fused path) each
+  // output is the same canonical dot -- F32 decodes both operands alike and fma(a, b, c) ==
+  // fma(b, a, c) -- and x streams once.
+  const int64_t nr = r1 - r0;
+  if (w.fmt == WFormat::F32 && ldx == w.cols && nr <= qmm::kSwapMaxRows && T > nr && T > qmm::fused_max_for(isa)) {
+    QWeight xw;
+    xw.fmt = WFormat::F32;
+    xw.rows = T;
+    xw.cols = w.cols;
+    xw.data = reinterpret_cast<const uint8_t*>(x);
+    xw.name = w.name + " (activations)";
+    thread_local std::vector<float> yt;
+    yt.resize(static_cast<size_t>(nr * T));
+    qmatmul(xw, 0, T, reinterpret_cast<const float*>(w.data) + r0 * w.cols, w.cols, nr, yt.data(), T);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < nr; ++j) y[t * ldy + j] = yt[j * T + t];
+    return;
+  }
+  switch (isa) {
+    case Isa::AVX512: return qmm::run_avx512(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa));
+    case Isa::AVX2: return qmm::run_avx2(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa));
+    case Isa::Scalar: return qmm::run_scalar(w, r0, r1, x, ldx, T, y, ldy);
+  }
+}
+
+}  // namespace dsv4

@@ -1,0 +1,275 @@
+// AVX2 (+FMA, F16C) qmatmul kernels: the 256-bit port of qmatmul_avx512.cpp. Only functions
+// carrying the target attribute use these instructions; qmatmul.cpp dispatches here only when
+// the CPU reports avx2, fma and f16c.
+// GCC 12's intrinsic headers build _mm*_undefined_*() from self-initialised locals, which
+// trips -Wuninitialized once inlined (GCC PR 105593); silence it for the header only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <type_traits>
+
+#include "core/formats.h"
+#include "core/threads.h"
+#include "kernels/cpu/qmatmul_impl.h"
+
+namespace dsv4::qmm {
+namespace {
+
+#define DSV4_T256 "avx2,fma,f16c,bmi,bmi2"
+#define TGT __attribute__((target(DSV4_T256)))
+#define TGTI __attribute__((target(DSV4_T256), always_inline)) inline
+
+struct V {
+  using reg = __m256;
+  static constexpr int W = 8;
+  TGTI static reg zero() { return _mm256_setzero_ps(); }
+  TGTI static reg set1(float v) { return _mm256_set1_ps(v); }
+  TGTI static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  TGTI static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
+  TGTI static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  TGTI static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  TGTI static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  TGTI static reg bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  TGTI static void store_first(float* p, reg v, int n) {
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    _mm256_maskstore_ps(p, m, v);
+  }
+  // In-register 8 x 8 transpose: r[i] lane j -> r[j] lane i. Stages 1-2 as in the AVX-512 file
+  // (then 128-bit lane q of b[4i+m] holds column 4q+m of rows 4i..4i+3); stage 3 swaps lanes.
+  TGTI static void transpose(reg (&r)[8]) {
+    __m256 a[8], b[8];
+    for (int i = 0; i < 4; ++i) {
+      a[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      a[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      const __m256d a0 = _mm256_castps_pd(a[4 * i]), a1 = _mm256_castps_pd(a[4 * i + 1]);
+      const __m256d a2 = _mm256_castps_pd(a[4 * i + 2]), a3 = _mm256_castps_pd(a[4 * i + 3]);
+      b[4 * i] = _mm256_castpd_ps(_mm256_unpacklo_pd(a0, a2));
+      b[4 * i + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a0, a2));
+      b[4 * i + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(a1, a3));
+      b[4 * i + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(a1, a3));
+    }
+    for (int m = 0; m < 4; ++m) {
+      r[m] = _mm256_permute2f128_ps(b[m], b[4 + m], 0x20);
+      r[4 + m] = _mm256_permute2f128_ps(b[m], b[4 + m], 0x31);
+    }
+  }
+  // Pins v in a register: the compiler can no longer re-read it from memory at each use.
+  TGTI static void keep(reg& v) { asm("" : "+x"(v)); }
+  // The canonical reduction tree: lanes l + l+4, then l + l+2, l + l+1.
+  TGTI static float hsum(reg v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+};
+
+struct DecBase {
+  const uint8_t* data;
+  const uint8_t* scales;
+  int64_t row_bytes;
+  int64_t scale_cols;
+  int64_t nb;  // scale blocks per row actually used
+  float post = 1.0f;
+  DecBase(const QWeight& w, int64_t rb, int64_t block)
+      : data(w.data), scales(w.scale), row_bytes(rb), scale_cols(w.scale_cols),
+        nb(block > 0 ? (w.cols + block - 1) / block : 0) {}
+  const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
+};
+
+TGTI __m256i load128_cvt_u8_epi32(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+struct DecF32 : DecBase {
+  static constexpr int G = 32, NSUB = 1, NV = 4, GB = 128, kSPG = 0;
+  static constexpr bool kScaled = false, kPost = false, kRowScales = false;
+  struct St {
+    const uint8_t* p;
+  };
+  explicit DecF32(const QWeight& w) : DecBase(w, w.cols * 4, 0) {}
+  static constexpr int pos(int c) { return c; }
+  void prep(int64_t, int64_t, int64_t, float*) const {}
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.p = gp; }
+  TGTI static __m256 vec(const St& st, int k) { return _mm256_loadu_ps(reinterpret_cast<const float*>(st.p + 32 * k)); }
+  TGTI static __m256 scale(const float*, int64_t) { return _mm256_setzero_ps(); }
+};
+
+struct DecBF16 : DecBase {
+  static constexpr int G = 16, NSUB = 1, NV = 2, GB = 32, kSPG = 0;
+  static constexpr bool kScaled = false, kPost = false, kRowScales = false;
+  struct St {
+    __m256i v;
+  };
+  explicit DecBF16(const QWeight& w) : DecBase(w, w.cols * 2, 0) {}
+  static constexpr int pos(int c) { return (c & 1) * 8 + (c >> 1); }
+  void prep(int64_t, int64_t, int64_t, float*) const {}
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp)); }
+  TGTI static __m256 vec(const St& st, int k) {
+    return k == 0 ? _mm256_castsi256_ps(_mm256_slli_epi32(st.v, 16))
+                  : _mm256_castsi256_ps(_mm256_and_si256(st.v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+  TGTI static __m256 scale(const float*, int64_t) { return _mm256_setzero_ps(); }
+};
+
+struct DecF16 : DecBase {
+  static constexpr int G = 16, NSUB = 1, NV = 2, GB = 32, kSPG = 0;
+  static constexpr bool kScaled = false, kPost = false, kRowScales = false;
+  struct St {
+    const uint8_t* p;
+  };
+  explicit DecF16(const QWeight& w) : DecBase(w, w.cols * 2, 0) {}
+  static constexpr int pos(int c) { return c; }
+  void prep(int64_t, int64_t, int64_t, float*) const {}
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.p = gp; }
+  TGTI static __m256 vec(const St& st, int k) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(st.p + 16 * k)));
+  }
+  TGTI static __m256 scale(const float*, int64_t) { return _mm256_setzero_ps(); }
+};
+
+// See qmatmul_avx512.cpp: E4M3 bits moved into an F16 (value e4m3 * 2^-8), scale 2^(b-119).
+struct DecFP8 : DecBase {
+  static constexpr int G = 128, NSUB = 8, NV = 2, GB = 128, kSPG = 1;
+  static constexpr bool kScaled = true, kPost = false, kRowScales = false;
+  struct St {
+    __m256i h;
+  };
+  explicit DecFP8(const QWeight& w) : DecBase(w, w.cols, 128) {}
+  static constexpr int pos(int c) { return c; }
+  void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
+    const uint8_t* s = scales + (r / 128) * scale_cols;
+    for (int64_t g = g0; g < g1; ++g) sb[g - g0] = std::bit_cast<float>((static_cast<uint32_t>(s[g]) + 8u) << 23);
+  }
+  TGTI static void load(const uint8_t* gp, int sub, St& st) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gp + 16 * sub));
+    const __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+    st.h = _mm256_and_si256(h, _mm256_set1_epi16(static_cast<short>(0xBFFF)));
+  }
+  TGTI static __m256 vec(const St& st, int k) {
+    return k == 0 ? _mm256_cvtph_ps(_mm256_castsi256_si128(st.h)) : _mm256_cvtph_ps(_mm256_extracti128_si256(st.h, 1));
+  }
+  TGTI static __m256 scale(const float* sb, int64_t g) { return _mm256_broadcast_ss(sb + g); }
+};
+
+// FP4: 32 bytes = 64 columns; dword lane i >> 4k gives column 8i+k's nibble. vpermps (8-entry
+// table) looks up the magnitude from bits 0..2 and the nibble's bit 3 is moved to the sign.
+TGTI __m256 fp4_vec(__m256i v, int k, __m256 mag) {
+  const __m256i idx = k == 0 ? v : _mm256_srli_epi32(v, 4 * k);
+  const __m256i sgn = k == 7 ? v : _mm256_slli_epi32(v, 28 - 4 * k);
+  const __m256i sign = _mm256_and_si256(sgn, _mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  return _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, idx), _mm256_castsi256_ps(sign));
+}
+
+// Scale rows with a scalar tail: n valid blocks from s, padded with zeros up to total.
+template <class Cvt>
+TGT void prep_blocks(const uint8_t* s, int64_t n, int64_t total, float* sb, Cvt cvt) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(sb + i, cvt.vec(load128_cvt_u8_epi32(s + i)));
+  for (; i < n; ++i) sb[i] = cvt.one(s[i]);
+  for (; i < total; ++i) sb[i] = 0.0f;
+}
+
+struct CvtE8M0p1 {  // 2^(b-126)
+  TGTI __m256 vec(__m256i b) const {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(1)), 23));
+  }
+  float one(uint8_t b) const { return std::bit_cast<float>((static_cast<uint32_t>(b) + 1u) << 23); }
+};
+
+struct CvtE4M3 {  // e4m3 value * 2^-8, exactly
+  TGTI __m256 vec(__m256i b) const {
+    // Sign-extend the byte into the dword, then the F16 trick on the low 16 bits.
+    const __m256i sx = _mm256_srai_epi32(_mm256_slli_epi32(b, 24), 24);
+    __m256i h = _mm256_and_si256(_mm256_slli_epi32(sx, 7), _mm256_set1_epi32(0xBFFF));
+    h = _mm256_packus_epi32(h, h);  // words: lanes 0-3 and 4-7 in each 128-bit half
+    h = _mm256_permute4x64_epi64(h, 0x08);
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  }
+  float one(uint8_t b) const { return e4m3_to_f32(b) * 0x1p-8f; }
+};
+
+struct DecMX : DecBase {
+  static constexpr int G = 64, NSUB = 1, NV = 8, GB = 32, kSPG = 2;
+  static constexpr bool kScaled = true, kPost = false, kRowScales = true;
+  struct St {
+    __m256i v;
+  };
+  explicit DecMX(const QWeight& w) : DecBase(w, w.cols / 2, 32) {}
+  static constexpr int pos(int c) { return (c & 7) * 8 + (c >> 3); }
+  TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
+    const int64_t b0 = 2 * g0;
+    prep_blocks(scales + r * scale_cols + b0, std::min(2 * g1, nb) - b0, 2 * (g1 - g0), sb, CvtE8M0p1{});
+  }
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp)); }
+  TGTI static __m256 vec(const St& st, int k) {
+    return fp4_vec(st.v, k, _mm256_setr_ps(0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.5f, 2.0f, 3.0f));
+  }
+  TGTI static __m256 scale(const float* sb, int64_t g) {
+    const __m256i idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sb + 2 * g)), idx);
+  }
+};
+
+// NVFP4: block scale s * 2^-8 (F16 trick), post = scale2 * 2^8; see qmatmul_avx512.cpp.
+struct DecNV : DecBase {
+  static constexpr int G = 64, NSUB = 1, NV = 8, GB = 32, kSPG = 4;
+  static constexpr bool kScaled = true, kPost = true, kRowScales = true;
+  struct St {
+    __m256i v;
+  };
+  explicit DecNV(const QWeight& w) : DecBase(w, w.cols / 2, 16) { post = w.scale2 * 256.0f; }
+  static constexpr int pos(int c) { return (c & 7) * 8 + (c >> 3); }
+  TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
+    const int64_t b0 = 4 * g0;
+    prep_blocks(scales + r * scale_cols + b0, std::min(4 * g1, nb) - b0, 4 * (g1 - g0), sb, CvtE4M3{});
+  }
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp)); }
+  TGTI static __m256 vec(const St& st, int k) {
+    return fp4_vec(st.v, k, _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f));
+  }
+  TGTI static __m256 scale(const float* sb, int64_t g) {
+    const __m256i idx = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sb + 4 * g)), idx);
+  }
+};
+
+// Fused path shapes (16 registers): rows R and token tile TTM for T = 1, 2, 3-4, more. T=1 takes
+// 4 rows, except FP4 whose decode needs more registers per row (2 rows, else it spills).
+template <int R_, int TTM_>
+struct Shape {
+  static constexpr int R = R_, TTM = TTM_;
+};
+template <class D>
+struct FusedShapes {
+  static constexpr bool kFP4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
+  using S1 = Shape<kFP4 ? 2 : 4, 1>;
+  using S2 = Shape<2, 2>;
+  using S4 = Shape<1, 4>;
+  using SN = Shape<1, 4>;
+};
+
+// GEMM path: register tile of 2 x 8 rows x 6 tokens (12 accumulators, 2 weight vectors and a
+// broadcast: 15 of the 16 registers), panels of 32 rows.
+struct GemmShape {
+  static constexpr int MRV = 2, NR = 6, MB = 32;
+};
+
+#include "kernels/cpu/qmatmul_kernels.inc"
+
+}  // namespace
+
+void run_avx2(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
+              int64_t ldy, int fused_max_t) {
+  run_any<DecF32, DecBF16, DecF16, DecFP8, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
+}
+
+}  // namespace dsv4::qmm

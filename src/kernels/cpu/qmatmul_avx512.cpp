@@ -1,0 +1,366 @@
+// AVX-512 qmatmul kernels. Only functions carrying the target attribute use AVX-512, so this
+// file is compiled with the project's baseline flags and the binary still runs on CPUs without
+// it (qmatmul.cpp dispatches here only when the CPU reports avx512f/bw/vl/dq).
+// GCC 12's intrinsic headers build _mm*_undefined_*() from self-initialised locals, which
+// trips -Wuninitialized once inlined (GCC PR 105593); silence it for the header only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/threads.h"
+#include "kernels/cpu/qmatmul_impl.h"
+
+namespace dsv4::qmm {
+namespace {
+
+#define DSV4_T512 "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2"
+#define TGT __attribute__((target(DSV4_T512)))
+#define TGTI __attribute__((target(DSV4_T512), always_inline)) inline
+
+struct V {
+  using reg = __m512;
+  static constexpr int W = 16;
+  TGTI static reg zero() { return _mm512_setzero_ps(); }
+  TGTI static reg set1(float v) { return _mm512_set1_ps(v); }
+  TGTI static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  TGTI static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
+  TGTI static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  TGTI static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  TGTI static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  TGTI static reg bcast(const float* p) { return _mm512_set1_ps(*p); }
+  TGTI static void store_first(float* p, reg v, int n) { _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1u), v); }
+  // In-register 16 x 16 transpose: r[i] lane j -> r[j] lane i. Stage 1 interleaves pairs of rows
+  // (32-bit), stage 2 pairs of pairs (64-bit): then 128-bit lane q of b[4i+m] holds column 4q+m
+  // of rows 4i..4i+3, and stage 3 transposes those 4 x 4 blocks of 128-bit lanes.
+  TGTI static void transpose(reg (&r)[16]) {
+    __m512 a[16], b[16];
+    for (int i = 0; i < 8; ++i) {
+      a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+      const __m512d a0 = _mm512_castps_pd(a[4 * i]), a1 = _mm512_castps_pd(a[4 * i + 1]);
+      const __m512d a2 = _mm512_castps_pd(a[4 * i + 2]), a3 = _mm512_castps_pd(a[4 * i + 3]);
+      b[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+      b[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+      b[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+      b[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+    }
+    for (int m = 0; m < 4; ++m) {
+      const __m512 d0 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0x44), d1 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0xEE);
+      const __m512 d2 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0x44), d3 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0xEE);
+      r[m] = _mm512_shuffle_f32x4(d0, d2, 0x88);
+      r[4 + m] = _mm512_shuffle_f32x4(d0, d2, 0xDD);
+      r[8 + m] = _mm512_shuffle_f32x4(d1, d3, 0x88);
+      r[12 + m] = _mm512_shuffle_f32x4(d1, d3, 0xDD);
+    }
+  }
+  // Pins v in a register: the compiler can no longer re-read it from memory at each use.
+  TGTI static void keep(reg& v) { asm("" : "+v"(v)); }
+  // The canonical reduction tree (part of the summation order: every path calls this):
+  // lanes l + l+8, then l + l+4, l + l+2, l + l+1.
+  TGTI static float hsum(reg v) {
+    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+};
+
+struct DecBase {
+  const uint8_t* data;
+  const uint8_t* scales;
+  int64_t row_bytes;
+  int64_t scale_cols;
+  int64_t nb;  // scale blocks per row actually used
+  float post = 1.0f;
+  DecBase(const QWeight& w, int64_t rb, int64_t block)
+      : data(w.data), scales(w.scale), row_bytes(rb), scale_cols(w.scale_cols),
+        nb(block > 0 ? (w.cols + block - 1) / block : 0) {}
+  const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
+};
+
+// Mask of the first n (0..16) lanes.
+TGTI __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1u);
+}
+
+struct DecF32 : DecBase {
+  static constexpr int G = 64, NSUB = 1, NV = 4, GB = 256, kSPG = 0;
+  static constexpr bool kScaled = false, kPost = false, kRowScales = false;
+  struct St {
+    const uint8_t* p;
+  };
+  explicit DecF32(const QWeight& w) : DecBase(w, w.cols * 4, 0) {}
+  static constexpr int pos(int c) { return c; }
+  void prep(int64_t, int64_t, int64_t, float*) const {}
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.p = gp; }
+  TGTI static __m512 vec(const St& st, int k) { return _mm512_loadu_ps(st.p + 64 * k); }
+  TGTI static __m512 scale(const float*, int64_t) { return _mm512_setzero_ps(); }
+};
+
+// 32 bf16 per 64 bytes: even columns from the low halves of each dword, odd from the high.
+struct DecBF16 : DecBase {
+  static constexpr int G = 32, NSUB = 1, NV = 2, GB = 64, kSPG = 0;
+  static constexpr bool kScaled = false, kPost = false, kRowScales = false;
+  struct St {
+    __m512i v;
+  };
+  explicit DecBF16(const QWeight& w) : DecBase(w, w.cols * 2, 0) {}
+  static constexpr int pos(int c) { return (c & 1) * 16 + (c >> 1); }
+  void prep(int64_t, int64_t, int64_t, float*) const {}
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
+  TGTI static __m512 vec(const St& st, int k) {
+    return k == 0 ? _mm512_castsi512_ps(_mm512_slli_epi32(st.v, 16))
+                  : _mm512_castsi512_ps(_mm512_and_si512(st.v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+  TGTI static __m512 scale(const float*, int64_t) { return _mm512_setzero_ps(); }
+};
+
+struct DecF16 : DecBase {
+  static constexpr int G = 32, NSUB = 1, NV = 2, GB = 64, kSPG = 0;
+  static constexpr bool kScaled = false, kPost = false, kRowScales = false;
+  struct St {
+    const uint8_t* p;
+  };
+  explicit DecF16(const QWeight& w) : DecBase(w, w.cols * 2, 0) {}
+  static constexpr int pos(int c) { return c; }
+  void prep(int64_t, int64_t, int64_t, float*) const {}
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.p = gp; }
+  TGTI static __m512 vec(const St& st, int k) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(st.p + 32 * k)));
+  }
+  TGTI static __m512 scale(const float*, int64_t) { return _mm512_setzero_ps(); }
+};
+
+// E4M3 -> F16 by moving the bits (sign to bit 15, exponent+mantissa to bits 7..13): the F16
+// value is exactly e4m3 * 2^-8, subnormals included, and vcvtph2ps widens it exactly. The 2^8
+// is folded into the block scale: 2^(b-127) * 2^8 = float with exponent field b + 8.
+struct DecFP8 : DecBase {
+  static constexpr int G = 128, NSUB = 4, NV = 2, GB = 128, kSPG = 1;
+  static constexpr bool kScaled = true, kPost = false, kRowScales = false;
+  struct St {
+    __m512i h;
+  };
+  explicit DecFP8(const QWeight& w) : DecBase(w, w.cols, 128) {}
+  static constexpr int pos(int c) { return c; }
+  TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
+    const uint8_t* s = scales + (r / 128) * scale_cols + g0;
+    const int64_t n = g1 - g0;
+    for (int64_t i = 0; i < n; i += 16) {
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(first_lanes(n - i), s + i));
+      const __m512i f = _mm512_slli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(8)), 23);
+      _mm512_storeu_ps(sb + i, _mm512_castsi512_ps(f));
+    }
+  }
+  TGTI static void load(const uint8_t* gp, int sub, St& st) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 32 * sub));
+    const __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(b), 7);
+    st.h = _mm512_and_si512(h, _mm512_set1_epi16(static_cast<short>(0xBFFF)));
+  }
+  TGTI static __m512 vec(const St& st, int k) {
+    return k == 0 ? _mm512_cvtph_ps(_mm512_castsi512_si256(st.h)) : _mm512_cvtph_ps(_mm512_extracti64x4_epi64(st.h, 1));
+  }
+  TGTI static __m512 scale(const float* sb, int64_t g) { return _mm512_set1_ps(sb[g]); }
+};
+
+// FP4: 64 bytes = 128 columns. Dword lane i holds bytes 4i..4i+3; shifting it right by 4k puts
+// the nibble of column 8i+k in bits 0..3, which vpermps uses as the index into a 16-entry table.
+// So decoded vector k, lane i is column 8i+k, and all 8 vectors of a group share one scale
+// vector (lane i covers columns 8i..8i+7, inside one 16- or 32-column scale block).
+TGTI __m512 fp4_vec(__m512i v, int k, __m512 table) {
+  return _mm512_permutexvar_ps(k == 0 ? v : _mm512_srli_epi32(v, static_cast<unsigned>(4 * k)), table);
+}
+
+// MXFP4: table holds e2m1/2 and the scale 2^(b-126) (exponent field b+1), so the E8M0 byte 0
+// (2^-127) stays a normal float; the product is the same exact value. Scales of padding blocks
+// (past cols) are whatever the zero byte gives: their weights and x are zero.
+struct DecMX : DecBase {
+  static constexpr int G = 128, NSUB = 1, NV = 8, GB = 64, kSPG = 4;
+  static constexpr bool kScaled = true, kPost = false, kRowScales = true;
+  struct St {
+    __m512i v;
+  };
+  explicit DecMX(const QWeight& w) : DecBase(w, w.cols / 2, 32) {}
+  static constexpr int pos(int c) { return (c & 7) * 16 + (c >> 3); }
+  TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
+    const uint8_t* s = scales + r * scale_cols;
+    const int64_t b0 = 4 * g0, n = std::min(4 * g1, nb) - b0, total = 4 * (g1 - g0);
+    for (int64_t i = 0; i < total; i += 16) {
+      const __mmask16 m = first_lanes(n - i);
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s + b0 + i));
+      const __m512i f = _mm512_slli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(1)), 23);
+      _mm512_storeu_ps(sb + i, _mm512_castsi512_ps(f));
+    }
+  }
+  // Deferred scales (qmatmul_kernels.inc, kDeferScales): sb gets, per group and block, the
+  // ratio 2^(u_prev - u) (1 for the first group) and past the last group 2^u_last, u = byte - 126;
+  // padding blocks (past cols) take byte 126 (2^0). br collects the bytes' range.
+  struct ByteRange {
+    __m512i lo, hi;
+  };
+  TGT static ByteRange range_start() { return {_mm512_set1_epi8(static_cast<char>(0xFF)), _mm512_setzero_si512()}; }
+  TGT static void range_bytes(const ByteRange& br, int& lo, int& hi) {
+    __m256i a = _mm256_min_epu8(_mm512_castsi512_si256(br.lo), _mm512_extracti64x4_epi64(br.lo, 1));
+    __m256i b = _mm256_max_epu8(_mm512_castsi512_si256(br.hi), _mm512_extracti64x4_epi64(br.hi, 1));
+    __m128i c = _mm_min_epu8(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    __m128i d = _mm_max_epu8(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    c = _mm_min_epu8(c, _mm_srli_si128(c, 8));
+    d = _mm_max_epu8(d, _mm_srli_si128(d, 8));
+    c = _mm_min_epu8(c, _mm_srli_si128(c, 4));
+    d = _mm_max_epu8(d, _mm_srli_si128(d, 4));
+    c = _mm_min_epu8(c, _mm_srli_si128(c, 2));
+    d = _mm_max_epu8(d, _mm_srli_si128(d, 2));
+    c = _mm_min_epu8(c, _mm_srli_si128(c, 1));
+    d = _mm_max_epu8(d, _mm_srli_si128(d, 1));
+    lo = _mm_extract_epi8(c, 0);
+    hi = _mm_extract_epi8(d, 0);
+  }
+  // The ratio fields 127 + prev - cur are computed on bytes, 64 blocks at a time: they wrap when
+  // |prev - cur| > 126, but then the tile's byte range fails deferral_exact and the tile is
+  // prepared again the canonical way.
+  TGT void prep_deferred(int64_t r, int64_t ng, float* sb, ByteRange& br) const {
+    const uint8_t* s = scales + r * scale_cols;
+    const int64_t total = 4 * ng;
+    if (total == 0) {  // no columns: the accumulators stay zero, any multiplier will do
+      for (int b = 0; b < 4; ++b) sb[b] = 1.0f;
+      return;
+    }
+    auto first = [](int64_t n) {
+      return n >= 64 ? ~__mmask64{0} : n <= 0 ? __mmask64{0} : (__mmask64{1} << n) - 1u;
+    };
+    const __m512i pad = _mm512_set1_epi8(126);
+    for (int64_t i = 0; i < total; i += 64) {
+      const __m512i cur = _mm512_mask_loadu_epi8(pad, first(nb - i), s + i);
+      // The same block of the previous group (4 bytes back); the first group's is itself.
+      const __m512i prev = i == 0 ? _mm512_mask_mov_epi8(_mm512_alignr_epi32(cur, cur, 15), 0xF, cur)
+                                  : _mm512_mask_loadu_epi8(pad, first(nb - (i - 4)), s + i - 4);
+      const __mmask64 live = first(total - i);
+      br.lo = _mm512_mask_min_epu8(br.lo, live, br.lo, cur);
+      br.hi = _mm512_mask_max_epu8(br.hi, live, br.hi, cur);
+      const __m512i field = _mm512_add_epi8(_mm512_sub_epi8(prev, cur), _mm512_set1_epi8(127));
+      const __m128i q[4] = {_mm512_castsi512_si128(field), _mm512_extracti32x4_epi32(field, 1),
+                            _mm512_extracti32x4_epi32(field, 2), _mm512_extracti32x4_epi32(field, 3)};
+      for (int k = 0; k < 4 && i + 16 * k < total; ++k)
+        _mm512_storeu_ps(sb + i + 16 * k, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(q[k]), 23)));
+    }
+    // 2^u_last per block, from the last group's bytes (padding blocks: 126).
+    const int64_t last = total - 4;
+    const __m128i lb = _mm_mask_loadu_epi8(_mm_set1_epi8(126), static_cast<__mmask16>(first_lanes(nb - last) & 0xF), s + last);
+    const __m128i f = _mm_slli_epi32(_mm_add_epi32(_mm_cvtepu8_epi32(lb), _mm_set1_epi32(1)), 23);
+    _mm_storeu_ps(sb + total, _mm_castsi128_ps(f));
+  }
+  // lsb: the smallest exponent of a nonzero x's last significant bit (normal x: field - 150,
+  // subnormal: -149); sum_exp: above log2 of the largest token sum of |x| (float sum, +1 for its
+  // rounding), 1000 when not finite.
+  TGT static XStats x_stats(const float* px, int64_t T, int64_t ldx, int64_t n) {
+    XStats xs;
+    __m512i fmin = _mm512_set1_epi32(1000);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* p = px + t * ldx;
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t c = 0; c < n; c += 16) {
+        const __m512 v = _mm512_abs_ps(_mm512_loadu_ps(p + c));
+        sum = _mm512_add_ps(sum, v);
+        const __mmask16 nz = _mm512_cmpneq_ps_mask(v, _mm512_setzero_ps());
+        const __m512i f = _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(v), 23), _mm512_set1_epi32(1));
+        fmin = _mm512_mask_min_epi32(fmin, nz, fmin, f);
+      }
+      const float total = _mm512_reduce_add_ps(sum);
+      const int e = !(total <= std::numeric_limits<float>::max()) ? 1000 : total == 0.0f ? -1000 : std::ilogb(total) + 2;
+      xs.sum_exp = std::max(xs.sum_exp, e);
+    }
+    const int f = _mm512_reduce_min_epi32(fmin);
+    xs.lsb = f >= 1000 ? 1000 : f - 150;
+    if (n >= (int64_t{1} << 22)) xs.sum_exp = 1000;  // deferral_exact's rounding-growth bound needs K < 2^22
+    return xs;
+  }
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
+  TGTI static void from_bits(__m512 r, St& st) { st.v = _mm512_castps_si512(r); }
+  TGTI static __m512 vec(const St& st, int k) {
+    const __m512 t = _mm512_setr_ps(0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.5f, 2.0f, 3.0f, -0.0f, -0.25f, -0.5f, -0.75f,
+                                    -1.0f, -1.5f, -2.0f, -3.0f);
+    return fp4_vec(st.v, k, t);
+  }
+  TGTI static __m512 scale(const float* sb, int64_t g) {
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(sb + 4 * g)));
+  }
+};
+
+// NVFP4: exact e2m1 table; the E4M3 block scale by the F16 trick (exactly s * 2^-8), and the
+// 2^8 moved into the per-tensor multiplier: post = scale2 * 2^8. (e2m1 * s * 2^-8) is exact, so
+// the decoded value (e2m1 * s * 2^-8) * (scale2 * 2^8) is dequant_row's, rounded once.
+struct DecNV : DecBase {
+  static constexpr int G = 128, NSUB = 1, NV = 8, GB = 64, kSPG = 8;
+  static constexpr bool kScaled = true, kPost = true, kRowScales = true;
+  struct St {
+    __m512i v;
+  };
+  explicit DecNV(const QWeight& w) : DecBase(w, w.cols / 2, 16) { post = w.scale2 * 256.0f; }
+  static constexpr int pos(int c) { return (c & 7) * 16 + (c >> 3); }
+  // 32 scales per step; masked-off bytes load as 0 and decode to +0.
+  TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
+    const uint8_t* s = scales + r * scale_cols;
+    const int64_t b0 = 8 * g0, n = std::min(8 * g1, nb) - b0, total = 8 * (g1 - g0);
+    for (int64_t i = 0; i < total; i += 32) {
+      const int64_t left = n - i;
+      const __mmask32 m = left >= 32 ? ~__mmask32{0} : left <= 0 ? __mmask32{0} : (__mmask32{1} << left) - 1u;
+      __m512i h = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, s + b0 + i));
+      h = _mm512_and_si512(_mm512_slli_epi16(h, 7), _mm512_set1_epi16(static_cast<short>(0xBFFF)));
+      _mm512_storeu_ps(sb + i, _mm512_cvtph_ps(_mm512_castsi512_si256(h)));
+      _mm512_storeu_ps(sb + i + 16, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)));
+    }
+  }
+  TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
+  TGTI static void from_bits(__m512 r, St& st) { st.v = _mm512_castps_si512(r); }
+  TGTI static __m512 vec(const St& st, int k) {
+    const __m512 t = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f,
+                                    -3.0f, -4.0f, -6.0f);
+    return fp4_vec(st.v, k, t);
+  }
+  TGTI static __m512 scale(const float* sb, int64_t g) {
+    const __m512i idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    return _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(_mm256_loadu_ps(sb + 8 * g)));
+  }
+};
+
+// Fused path shapes: rows R and token tile TTM for T = 1, 2, 3-4, more. T=1 takes 8 rows per tile
+// (8 weight streams in flight, each x load shared by 8 rows); larger T fewer rows, so that R*TTM
+// accumulators fit the 32 registers.
+template <int R_, int TTM_>
+struct Shape {
+  static constexpr int R = R_, TTM = TTM_;
+};
+template <class D>
+struct FusedShapes {
+  using S1 = Shape<8, 1>;
+  using S2 = Shape<4, 2>;
+  using S4 = Shape<2, 4>;
+  using SN = Shape<2, D::kRowScales ? 4 : 8>;  // FP4: per-row scale vectors as well
+};
+
+// GEMM path: register tile of 2 x 16 rows x 12 tokens (24 accumulators, 2 weight vectors and a
+// broadcast), panels of 64 rows (1 MiB at 4096 columns: L2-resident).
+struct GemmShape {
+  static constexpr int MRV = 2, NR = 12, MB = 64;
+};
+
+#include "kernels/cpu/qmatmul_kernels.inc"
+
+}  // namespace
+
+void run_avx512(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
+                int64_t ldy, int fused_max_t) {
+  run_any<DecF32, DecBF16, DecF16, DecFP8, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
+}
+
+}  // namespace dsv4::qmm

@@ -1,0 +1,63 @@
+#include "tools/inspect.h"
+
+#include <cstdarg>
+#include <cstdio>
+#include <map>
+
+#include "io/safetensors.h"
+#include "kv/state.h"
+#include "model/weights.h"
+
+namespace dsv4 {
+
+namespace {
+// printf into `out`.
+#define P(...) (std::snprintf(buf, sizeof buf, __VA_ARGS__), out += buf)
+}  // namespace
+
+std::string inspect_model(const std::string& dir) {
+  std::string out;
+  char buf[512];
+  ModelWeights w = load_model(dir, LoadMode::Mmap);  // looks at headers only
+  const ModelConfig& c = w.cfg;
+  P("model:     %s\n", dir.c_str());
+  P("format:    %s\n", w.format_summary().c_str());
+  P("files:     %zu safetensors file(s)\n", w.store.files().size());
+  P("config:    vocab %lld, hidden %lld, layers %lld, heads %lld x %lld (rope %lld), q_lora %lld, o %lldx%lld\n",
+              (long long)c.vocab, (long long)c.dim, (long long)c.n_layers, (long long)c.n_heads, (long long)c.head_dim,
+              (long long)c.rope_dim, (long long)c.q_lora, (long long)c.o_groups, (long long)c.o_lora);
+  P("           window %lld, experts %lld (top %lld, inter %lld, hash layers %lld), hc %lld, index %lldx%lld top %lld, mtp %lld\n",
+              (long long)c.window, (long long)c.n_experts, (long long)c.n_active, (long long)c.moe_inter, (long long)c.n_hash,
+              (long long)c.hc, (long long)c.index_heads, (long long)c.index_dim, (long long)c.index_topk, (long long)c.n_mtp);
+  P("layers:\n");
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    P("  %3lld  %-9s %s\n", (long long)l, c.layer_kind(l).c_str(), w.layers[l].hash ? "hash-routed" : "score-routed");
+  if (w.mtp) P("  mtp  %-9s score-routed\n", c.layer_kind(c.n_layers).c_str());
+  P("KV cache (FP8 + scale per 64 for non-RoPE dims, F32 RoPE dims; FP4 indexer keys):\n");
+  std::map<int64_t, bool> kinds;
+  for (int64_t l = 0; l < c.n_layers; ++l) kinds[c.ratio(l)] = true;
+  for (const auto& [ratio, _] : kinds) {
+    CacheCost k = layer_cache_cost(c, ratio);
+    P("  %-9s %8.1f bytes/token + %zu bytes fixed (window ring, compressor rows)\n",
+                ratio == 0 ? "window" : ratio == 4 ? "CSA(4)" : ("HCA(" + std::to_string(ratio) + ")").c_str(), k.bytes_per_token,
+                k.fixed_bytes);
+  }
+  std::map<std::string, std::pair<size_t, size_t>> by_dtype;
+  size_t total = 0;
+  for (const auto& f : w.store.files())
+    for (const auto& [name, t] : f->tensors()) {
+      auto& e = by_dtype[dtype_name(t.dtype)];
+      e.first += 1;
+      e.second += t.nbytes;
+      total += t.nbytes;
+    }
+  P("bytes per dtype:\n");
+  for (const auto& [k, v] : by_dtype) P("  %-8s %6zu tensors %14zu bytes\n", k.c_str(), v.first, v.second);
+  P("  total    %14zu bytes\n", total);
+  return out;
+}
+
+
+#undef P
+
+}  // namespace dsv4
