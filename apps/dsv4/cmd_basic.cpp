@@ -10,6 +10,7 @@
 #include "io/npy.h"
 #include "model/forward.h"
 #include "model/score.h"
+#include "model/tensors.h"
 #include "tools/bench.h"
 #include "tools/make_tiny.h"
 
@@ -125,6 +126,17 @@ int cmd_inspect(const Args& a) {
   std::printf("bytes per dtype:\n");
   for (const auto& [k, v] : by_dtype) std::printf("  %-8s %6zu tensors %14zu bytes\n", k.c_str(), v.first, v.second);
   std::printf("  total    %14zu bytes\n", total);
+  // What the engine holds, from the tensor list: linears in their stored form (what a backend
+  // uploads), small tensors converted to 4-byte values.
+  const WeightBytes held = weight_bytes(w);
+  std::printf("weights by part (linears as stored, small tensors as 4-byte values):\n");
+  std::printf("  %-15s %7s %14s %7s %14s\n", "part", "tensors", "bytes", "MTP", "MTP bytes");
+  for (int p = 0; p < kNumParts; ++p) {
+    const WeightBytes::Row &m = held.main[p], &t = held.mtp[p];
+    if (m.tensors + t.tensors == 0) continue;
+    std::printf("  %-15s %7zu %14zu %7zu %14zu\n", part_name(static_cast<Part>(p)), m.tensors, m.bytes, t.tensors, t.bytes);
+  }
+  std::printf("  %-15s %7s %14zu %7s %14zu\n", "total", "", held.main_bytes(), "", held.mtp_bytes());
   return 0;
 }
 
