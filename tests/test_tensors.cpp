@@ -38,7 +38,7 @@ void expect_list_matches_checkpoint(const std::string& dir) {
   const ModelWeights w = load_model(dir, LoadMode::Mmap);
   std::set<std::string> expected, companions;
   for (const TensorDesc& t : list_of(w.cfg)) {
-    EXPECT_TRUE(expected.insert(layout_tensor_name(w.layout, t.name)).second) << "listed twice: " << t.name;
+    EXPECT_TRUE(expected.insert(t.name_in(w.layout)).second) << "listed twice: " << t.name;
     if (t.kind() == TensorKind::Linear)
       for (const char* s : {".scale", ".weight_scale", ".weight_scale_2", ".input_scale"})
         companions.insert(layout_tensor_name(w.layout, t.base() + s));

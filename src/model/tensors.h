@@ -19,6 +19,7 @@
 
 #include "core/weight.h"
 #include "io/config.h"
+#include "io/names.h"
 
 namespace dsv4 {
 
@@ -81,6 +82,8 @@ struct TensorDesc {
   // A linear's native name without ".weight": its companions (".scale", ".weight_scale", ...)
   // are base + suffix.
   std::string base() const;
+  // The name in a checkpoint layout (io/names.h: HF names are rules on the native ones).
+  std::string name_in(Layout layout) const { return layout_tensor_name(layout, name); }
 };
 
 // Where a tensor lands in ModelWeights: the one pointer matching desc.kind() is set.
