@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "model/tensors.h"
 
 namespace dsv4 {
 
@@ -151,75 +152,6 @@ class Binder {
   Layout layout_;
 };
 
-HcMixW bind_mix(const Binder& b, const std::string& pfx, const std::string& stem, int64_t rows, int64_t width, int64_t nscale) {
-  HcMixW m;
-  m.fn = b.floats(pfx + stem + "_fn", {rows, width});
-  m.base = b.floats(pfx + stem + "_base", {rows});
-  m.scale = b.floats(pfx + stem + "_scale", {nscale});
-  return m;
-}
-
-CompressorW bind_compressor(const Binder& b, const std::string& pfx, const ModelConfig& c, int64_t ratio, int64_t out_dim) {
-  CompressorW w;
-  w.ratio = ratio;
-  w.coff = ratio == 4 ? 2 : 1;
-  w.out_dim = out_dim;
-  w.wkv = b.linear(pfx + "wkv", w.coff * out_dim, c.dim);
-  w.wgate = b.linear(pfx + "wgate", w.coff * out_dim, c.dim);
-  w.ape = b.floats(pfx + "ape", {ratio, w.coff * out_dim});
-  w.norm = b.floats(pfx + "norm.weight", {out_dim});
-  return w;
-}
-
-ExpertW bind_expert(const Binder& b, const std::string& pfx, const ModelConfig& c) {
-  ExpertW e;
-  e.w1 = b.linear(pfx + "w1", c.moe_inter, c.dim);
-  e.w3 = b.linear(pfx + "w3", c.moe_inter, c.dim);
-  e.w2 = b.linear(pfx + "w2", c.dim, c.moe_inter);
-  return e;
-}
-
-LayerW bind_layer(const Binder& b, const std::string& pfx, const ModelConfig& c, int64_t ratio, bool hash) {
-  LayerW L;
-  L.ratio = ratio;
-  L.hash = hash;
-  const int64_t D = c.dim, M = c.hc_mix(), hcD = c.hc * c.dim;
-  L.attn_norm = b.floats(pfx + "attn_norm.weight", {D});
-  L.ffn_norm = b.floats(pfx + "ffn_norm.weight", {D});
-  L.hc_attn = bind_mix(b, pfx, "hc_attn", M, hcD, 3);
-  L.hc_ffn = bind_mix(b, pfx, "hc_ffn", M, hcD, 3);
-
-  AttentionW& a = L.attn;
-  const std::string ap = pfx + "attn.";
-  a.wq_a = b.linear(ap + "wq_a", c.q_lora, D);
-  a.q_norm = b.floats(ap + "q_norm.weight", {c.q_lora});
-  a.wq_b = b.linear(ap + "wq_b", c.n_heads * c.head_dim, c.q_lora);
-  a.wkv = b.linear(ap + "wkv", c.head_dim, D);
-  a.kv_norm = b.floats(ap + "kv_norm.weight", {c.head_dim});
-  a.wo_a = b.linear(ap + "wo_a", c.o_groups * c.o_lora, c.n_heads * c.head_dim / c.o_groups);
-  a.wo_b = b.linear(ap + "wo_b", D, c.o_groups * c.o_lora);
-  a.sink = b.floats(ap + "attn_sink", {c.n_heads});
-  if (ratio > 0) a.comp = bind_compressor(b, ap + "compressor.", c, ratio, c.head_dim);
-  if (ratio == 4) {
-    IndexerW ix;
-    ix.wq_b = b.linear(ap + "indexer.wq_b", c.index_heads * c.index_dim, c.q_lora);
-    ix.weights_proj = b.linear(ap + "indexer.weights_proj", c.index_heads, D);
-    ix.comp = bind_compressor(b, ap + "indexer.compressor.", c, ratio, c.index_dim);
-    a.indexer = std::move(ix);
-  }
-
-  MoEW& f = L.ffn;
-  const std::string fp = pfx + "ffn.";
-  f.gate = b.linear(fp + "gate", c.n_experts, D);
-  if (hash)
-    f.tid2eid = b.ids(fp + "gate.tid2eid", {c.vocab, c.n_active}, c.n_experts);
-  else
-    f.bias = b.floats(fp + "gate.bias", {c.n_experts});
-  for (int64_t e = 0; e < c.n_experts; ++e) f.experts.push_back(bind_expert(b, fp + "experts." + std::to_string(e) + ".", c));
-  f.shared = bind_expert(b, fp + "shared_experts.", c);
-  return L;
-}
-
 }  // namespace
 
 std::string ModelWeights::format_summary() const {
@@ -228,18 +160,15 @@ std::string ModelWeights::format_summary() const {
     for (const auto& x : k) s += (s.empty() ? "" : "+") + x;
     return s;
   };
-  std::set<std::string> linears, experts;
-  for (const LayerW& L : layers) {
-    linears.insert(wformat_name(L.attn.wq_a.fmt));
-    linears.insert(wformat_name(L.ffn.shared.w1.fmt));
-    for (const ExpertW& e : L.ffn.experts) experts.insert(wformat_name(e.w1.fmt));
-  }
+  // Formats of the dense linears and the routed experts the checkpoint uses (a release may
+  // encode the MTP block's experts differently).
+  std::set<std::string> linears, experts, mtp_experts;
+  for_each_tensor(*this, [&](const TensorDesc& t, TensorTarget<true> x) {
+    if (t.stored == Stored::DenseLinear && !t.mtp) linears.insert(wformat_name(x.linear->fmt));
+    if (t.stored == Stored::ExpertLinear) (t.mtp ? mtp_experts : experts).insert(wformat_name(x.linear->fmt));
+  });
   std::string s = std::string(layout_name(layout)) + " names; linears " + join(linears) + "; routed experts " + join(experts);
-  if (mtp) {
-    std::set<std::string> m;
-    for (const ExpertW& e : mtp->block.ffn.experts) m.insert(wformat_name(e.w1.fmt));
-    s += "; MTP experts " + join(m);
-  }
+  if (mtp) s += "; MTP experts " + join(mtp_experts);
   return s;
 }
 
@@ -251,26 +180,16 @@ ModelWeights load_model(const std::string& dir, LoadMode mode) {
   m.cfg = load_config(cfg_path);
   m.store = TensorStore::open_dir(dir, mode);
   m.layout = m.store.has("model.embed_tokens.weight") ? Layout::HF : Layout::Native;
-  const ModelConfig& c = m.cfg;
   Binder b(m.store, m.layout);
-
-  m.embed = b.linear("embed", c.vocab, c.dim);
-  m.head = b.linear("head", c.vocab, c.dim);
-  m.norm = b.floats("norm.weight", {c.dim});
-  m.hc_head = bind_mix(b, "", "hc_head", c.hc, c.hc * c.dim, 1);
-  for (int64_t l = 0; l < c.n_layers; ++l)
-    m.layers.push_back(bind_layer(b, "layers." + std::to_string(l) + ".", c, c.ratio(l), l < c.n_hash));
-  if (c.n_mtp > 0) {
-    MtpW t;
-    t.block = bind_layer(b, "mtp.0.", c, c.ratio(c.n_layers), false);
-    t.e_proj = b.linear("mtp.0.e_proj", c.dim, c.dim);
-    t.h_proj = b.linear("mtp.0.h_proj", c.dim, c.dim);
-    t.enorm = b.floats("mtp.0.enorm.weight", {c.dim});
-    t.hnorm = b.floats("mtp.0.hnorm.weight", {c.dim});
-    t.norm = b.floats("mtp.0.norm.weight", {c.dim});
-    t.hc_head = bind_mix(b, "mtp.0.", "hc_head", c.hc, c.hc * c.dim, 1);
-    m.mtp = std::move(t);
-  }
+  // The list gives each tensor's name, shape and kind; the binder finds it in the checkpoint,
+  // checks it and converts the small ones.
+  for_each_tensor(m, [&](const TensorDesc& t, TensorTarget<false> x) {
+    switch (t.kind()) {
+      case TensorKind::Linear: *x.linear = b.linear(t.base(), t.shape[0], t.shape[1]); break;
+      case TensorKind::Floats: *x.floats = b.floats(t.name, t.shape); break;
+      case TensorKind::Ids: *x.ids = b.ids(t.name, t.shape, t.limit); break;
+    }
+  });
   return m;
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // The DeepSeek-V4 weights bound to a checkpoint directory. Large tensors stay in their stored
 // (mmap'd, possibly quantised) form as QWeight views; only small vectors (norms, mHC mixers,
-// sinks, biases, routing tables) are converted to float/int at load.
+// sinks, biases, routing tables) are converted to float/int at load. Which tensors exist, their
+// names and shapes: the one list in model/tensors.h, which also fills these structs.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -82,9 +83,9 @@ struct ModelWeights {
   std::string format_summary() const;
 };
 
-// Loads config.json and binds every tensor; throws dsv4::Error naming the missing tensor or
-// the one whose dtype/shape disagrees with the config.
-// Binds a model directory; `mode` says how the checkpoint bytes get into memory (see LoadMode).
+// Loads config.json and binds every tensor of the list (model/tensors.h); throws dsv4::Error
+// naming the missing tensor or the one whose dtype/shape disagrees with the config. `mode` says
+// how the checkpoint bytes get into memory (see LoadMode).
 ModelWeights load_model(const std::string& dir, LoadMode mode = LoadMode::Auto);
 
 }  // namespace dsv4

@@ -6,6 +6,7 @@
 
 #include "io/safetensors.h"
 #include "kv/state.h"
+#include "model/tensors.h"
 #include "model/weights.h"
 
 namespace dsv4 {
@@ -54,6 +55,17 @@ std::string inspect_model(const std::string& dir) {
   P("bytes per dtype:\n");
   for (const auto& [k, v] : by_dtype) P("  %-8s %6zu tensors %14zu bytes\n", k.c_str(), v.first, v.second);
   P("  total    %14zu bytes\n", total);
+  // What the engine holds, from the tensor list: linears in their stored form (what a backend
+  // uploads), small tensors converted to 4-byte values.
+  const WeightBytes held = weight_bytes(w);
+  P("weights by part (linears as stored, small tensors as 4-byte values):\n");
+  P("  %-15s %7s %14s %7s %14s\n", "part", "tensors", "bytes", "MTP", "MTP bytes");
+  for (int p = 0; p < kNumParts; ++p) {
+    const WeightBytes::Row &m = held.main[p], &t = held.mtp[p];
+    if (m.tensors + t.tensors == 0) continue;
+    P("  %-15s %7zu %14zu %7zu %14zu\n", part_name(static_cast<Part>(p)), m.tensors, m.bytes, t.tensors, t.bytes);
+  }
+  P("  %-15s %7s %14zu %7s %14zu\n", "total", "", held.main_bytes(), "", held.mtp_bytes());
   return out;
 }
 

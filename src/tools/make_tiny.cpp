@@ -18,6 +18,7 @@
 #include "core/formats.h"
 #include "io/names.h"
 #include "io/safetensors.h"
+#include "model/tensors.h"
 
 namespace dsv4 {
 namespace {
@@ -318,23 +319,27 @@ Format parse_format(const std::string& s) {
 // How one linear weight is stored.
 enum class Enc { BF16, FP8, MXFP4, NVFP4 };
 
+// Writes the tensors of the one list (model/tensors.h) in its order: the list says which tensors
+// exist, their names, shapes and how the releases store them; this class only chooses the
+// encoding per format and draws the values.
 class Builder {
  public:
   Builder(const ModelConfig& c, Format f, uint64_t seed) : c_(c), fmt_(f), seed_(seed) {}
 
   const SafeTensorsWriter& build() {
-    const int64_t V = c_.vocab, D = c_.dim;
-    bf16_normal("embed.weight", {V, D}, 1.0);
-    for (int64_t l = 0; l < c_.n_layers; ++l)
-      block("layers." + std::to_string(l) + ".", c_.ratio(l), l < c_.n_hash, false);
-    norm("norm.weight", D);
-    bf16_normal("head.weight", {V, D}, 1.0 / std::sqrt(static_cast<double>(D)));
-    hc_head("");
-    for (int64_t m = 0; m < c_.n_mtp; ++m) mtp("mtp." + std::to_string(m) + ".", m);
+    for_each_tensor(c_, [this](const TensorDesc& t) { emit(t); });
     return w_;
   }
 
  private:
+  void emit(const TensorDesc& t) {
+    switch (t.kind()) {
+      case TensorKind::Linear: linear(t); break;
+      case TensorKind::Floats: small(t); break;
+      case TensorKind::Ids: put(t.name, DType::I64, t.shape, bytes_i64(hash_table(t))); break;
+    }
+  }
+
   // --- value streams (keyed by the native name, see the file comment)
   std::vector<float> normal(const std::string& key, int64_t n, double std, double mean = 0.0) {
     Rng rng(seed_, key);
@@ -354,28 +359,42 @@ class Builder {
     const std::string name = fmt_ == Format::HFBF16 ? layout_tensor_name(Layout::HF, native) : native;
     w_.add(name, dt, std::move(shape), std::move(bytes));
   }
-  void bf16(const std::string& name, Shape shape, const std::vector<float>& v) {
-    put(name, DType::BF16, std::move(shape), bytes_bf16(v));
-  }
   void f32(const std::string& name, Shape shape, const std::vector<float>& v) {
     put(name, DType::F32, std::move(shape), bytes_f32(v));
   }
-  void bf16_normal(const std::string& name, Shape shape, double std) {
-    bf16(name, shape, normal(name, shape[0] * shape[1], std));
+
+  // The encoding of a linear in this format.
+  Enc encoding(const TensorDesc& t) const {
+    switch (t.stored) {
+      case Stored::DenseLinear: return fmt_ == Format::HFBF16 ? Enc::BF16 : Enc::FP8;
+      case Stored::ExpertLinear:
+        if (fmt_ == Format::HFBF16) return Enc::BF16;
+        return fmt_ == Format::NVFP4 && !t.mtp ? Enc::NVFP4 : Enc::MXFP4;  // the NVIDIA release keeps MTP in MXFP4
+      default: return Enc::BF16;
+    }
   }
-  // RMSNorm weights near 1 so activations keep their scale through every layer.
-  void norm(const std::string& name, int64_t n) { bf16(name, {n}, normal(name, n, 0.1, 1.0)); }
 
   // A linear weight [out, in] ~ N(0, gain^2/in): unit-variance inputs give unit-variance outputs
-  // (times gain). `base` is the native name without ".weight".
-  void linear(const std::string& base, int64_t out, int64_t in, Enc enc, double gain = 1.0) {
-    const std::string wn = base + ".weight";
+  // (times gain); the embedding ~ N(0, 1).
+  void linear(const TensorDesc& t) {
+    const int64_t out = t.shape[0], in = t.shape[1];
+    const std::string base = t.base(), wn = t.name;
+    const Enc enc = encoding(t);
     if ((enc == Enc::MXFP4 || enc == Enc::NVFP4) && in % 32 != 0)
       throw Error("make_tiny: " + wn + " has " + std::to_string(in) + " inputs; FP4 experts need a multiple of 32");
-    const std::vector<float> v = normal(wn, out * in, gain / std::sqrt(static_cast<double>(in)));
+    double std = 1.0;
+    if (t.role != Role::Embedding) {
+      double gain = 1.0;
+      if (t.role == Role::ExpertUp || t.role == Role::ExpertDown) {
+        const double g = expert_gain(base.substr(0, base.rfind('.') + 1) + "gain");
+        gain = t.role == Role::ExpertUp ? g : 1.0 / (g * g);
+      }
+      std = gain / std::sqrt(static_cast<double>(in));
+    }
+    const std::vector<float> v = normal(wn, out * in, std);
     switch (enc) {
       case Enc::BF16:
-        bf16(wn, {out, in}, v);
+        put(wn, DType::BF16, {out, in}, bytes_bf16(v));
         break;
       case Enc::FP8: {
         Quantized q = quant_fp8_block(v, out, in);
@@ -400,69 +419,47 @@ class Builder {
       }
     }
   }
-  Enc dense() const { return fmt_ == Format::HFBF16 ? Enc::BF16 : Enc::FP8; }
-  Enc expert(bool in_mtp) const {
-    if (fmt_ == Format::HFBF16) return Enc::BF16;
-    return fmt_ == Format::NVFP4 && !in_mtp ? Enc::NVFP4 : Enc::MXFP4;  // the NVIDIA release keeps MTP in MXFP4
+
+  // Small float tensors: the distribution by role, the dtype from the list.
+  void small(const TensorDesc& t) {
+    int64_t n = 1;
+    for (int64_t s : t.shape) n *= s;
+    std::vector<float> v;
+    switch (t.role) {
+      // RMSNorm weights near 1 so activations keep their scale through every layer.
+      case Role::Norm: v = normal(t.name, n, 0.1, 1.0); break;
+      case Role::MixFn: v = normal(t.name, n, hc_fn_std()); break;
+      case Role::MixBase:
+        v = normal(t.name, n, 0.5);
+        // Bias the residual mixing matrix towards identity so the hc copies stay distinct.
+        for (int64_t i = 0; i < c_.hc; ++i) v[2 * c_.hc + i * c_.hc + i] += 2.0f;
+        break;
+      case Role::HeadBase: v = normal(t.name, n, 0.5); break;
+      case Role::MixScale: v = uniform(t.name, n, 0.5, 1.5); break;
+      case Role::Sink:
+      case Role::Ape: v = normal(t.name, n, 1.0); break;
+      case Role::RouterBias: v = normal(t.name, n, 0.1); break;
+      default: throw Error("make_tiny: no value rule for " + t.name);
+    }
+    if (t.stored == Stored::Bf16)
+      put(t.name, DType::BF16, t.shape, bytes_bf16(v));
+    else
+      f32(t.name, t.shape, v);
   }
 
   // --- hyper-connections
   // fn scaled so the mixing logits m = (x . fn) * rms^-1 have std ~0.64 at any width.
   double hc_fn_std() const { return 0.64 / std::sqrt(static_cast<double>(c_.hc * c_.dim)); }
 
-  void hc_sublayer(const std::string& p) {  // p = "layers.N.hc_attn_"
-    const int64_t M = c_.hc_mix(), hc = c_.hc;
-    f32(p + "fn", {M, hc * c_.dim}, normal(p + "fn", M * hc * c_.dim, hc_fn_std()));
-    std::vector<float> base = normal(p + "base", M, 0.5);
-    // Bias the residual mixing matrix towards identity so the hc copies stay distinct.
-    for (int64_t i = 0; i < hc; ++i) base[2 * hc + i * hc + i] += 2.0f;
-    f32(p + "base", {M}, base);
-    f32(p + "scale", {3}, uniform(p + "scale", 3, 0.5, 1.5));
-  }
-  void hc_head(const std::string& p) {
-    const int64_t hc = c_.hc;
-    f32(p + "hc_head_fn", {hc, hc * c_.dim}, normal(p + "hc_head_fn", hc * hc * c_.dim, hc_fn_std()));
-    f32(p + "hc_head_base", {hc}, normal(p + "hc_head_base", hc, 0.5));
-    f32(p + "hc_head_scale", {1}, uniform(p + "hc_head_scale", 1, 0.5, 1.5));
-  }
-
-  // --- attention
-  // coff = 2 for the overlapping ratio-4 compressor.
-  void compressor(const std::string& p, int64_t ratio, int64_t d) {  // p = "...attn.compressor."
-    const int64_t width = (ratio == 4 ? 2 : 1) * d;
-    f32(p + "ape", {ratio, width}, normal(p + "ape", ratio * width, 1.0));
-    linear(p + "wkv", width, c_.dim, Enc::BF16);
-    linear(p + "wgate", width, c_.dim, Enc::BF16);
-    norm(p + "norm.weight", d);
-  }
-  void indexer(const std::string& p) {  // p = "...attn.indexer."
-    linear(p + "wq_b", c_.index_heads * c_.index_dim, c_.q_lora, dense());
-    linear(p + "weights_proj", c_.index_heads, c_.dim, Enc::BF16);
-    compressor(p + "compressor.", 4, c_.index_dim);
-  }
-  void attention(const std::string& p, int64_t ratio) {  // p = "...attn."
-    const int64_t H = c_.n_heads, d = c_.head_dim, G = c_.o_groups;
-    f32(p + "attn_sink", {H}, normal(p + "attn_sink", H, 1.0));
-    linear(p + "wq_a", c_.q_lora, c_.dim, dense());
-    norm(p + "q_norm.weight", c_.q_lora);
-    linear(p + "wq_b", H * d, c_.q_lora, dense());
-    linear(p + "wkv", d, c_.dim, dense());
-    norm(p + "kv_norm.weight", d);
-    linear(p + "wo_a", G * c_.o_lora, H * d / G, dense());
-    linear(p + "wo_b", c_.dim, G * c_.o_lora, dense());
-    if (ratio > 0) compressor(p + "compressor.", ratio, d);
-    if (ratio == 4) indexer(p + "indexer.");
-  }
-
   // --- MoE
-  // k distinct expert ids per token (partial Fisher-Yates).
-  std::vector<int64_t> hash_table(const std::string& key) {
-    Rng rng(seed_, key);
-    const int64_t E = c_.n_experts, k = c_.n_active;
+  // tid2eid [V, k]: k distinct expert ids in [0, E) per token (partial Fisher-Yates).
+  std::vector<int64_t> hash_table(const TensorDesc& t) {
+    Rng rng(seed_, t.name);
+    const int64_t V = t.shape[0], k = t.shape[1], E = t.limit;
     std::vector<int64_t> out;
-    out.reserve(c_.vocab * k);
+    out.reserve(V * k);
     std::vector<int64_t> ids(E);
-    for (int64_t t = 0; t < c_.vocab; ++t) {
+    for (int64_t tok = 0; tok < V; ++tok) {
       for (int64_t e = 0; e < E; ++e) ids[e] = e;
       for (int64_t j = 0; j < k; ++j) {
         std::swap(ids[j], ids[j + static_cast<int64_t>(rng.below(E - j))]);
@@ -476,45 +473,6 @@ class Builder {
   double expert_gain(const std::string& key) {
     Rng rng(seed_, key);
     return snap(0.5 * std::exp(std::log(12.0) * rng.uniform()));
-  }
-  void ffn(const std::string& p, bool hash, bool in_mtp) {  // p = "...ffn."
-    const int64_t D = c_.dim, I = c_.moe_inter, E = c_.n_experts;
-    bf16_normal(p + "gate.weight", {E, D}, 1.0 / std::sqrt(static_cast<double>(D)));
-    if (hash)
-      put(p + "gate.tid2eid", DType::I64, {c_.vocab, c_.n_active}, bytes_i64(hash_table(p + "gate.tid2eid")));
-    else
-      f32(p + "gate.bias", {E}, normal(p + "gate.bias", E, 0.1));
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string x = p + "experts." + std::to_string(e) + ".";
-      const double g = expert_gain(x + "gain");
-      linear(x + "w1", I, D, expert(in_mtp), g);
-      linear(x + "w2", D, I, expert(in_mtp), 1.0 / (g * g));
-      linear(x + "w3", I, D, expert(in_mtp), g);
-    }
-    const int64_t Is = I * c_.n_shared;
-    linear(p + "shared_experts.w1", Is, D, dense());
-    linear(p + "shared_experts.w2", D, Is, dense());
-    linear(p + "shared_experts.w3", Is, D, dense());
-  }
-
-  // --- blocks
-  void block(const std::string& p, int64_t ratio, bool hash, bool in_mtp) {
-    norm(p + "attn_norm.weight", c_.dim);
-    norm(p + "ffn_norm.weight", c_.dim);
-    hc_sublayer(p + "hc_attn_");
-    hc_sublayer(p + "hc_ffn_");
-    attention(p + "attn.", ratio);
-    ffn(p + "ffn.", hash, in_mtp);
-  }
-  void mtp(const std::string& p, int64_t m) {
-    const int64_t last = static_cast<int64_t>(c_.compress_ratios.size()) - 1;
-    block(p, c_.ratio(std::min(c_.n_layers + m, last)), false, true);
-    linear(p + "e_proj", c_.dim, c_.dim, dense());
-    linear(p + "h_proj", c_.dim, c_.dim, dense());
-    norm(p + "enorm.weight", c_.dim);
-    norm(p + "hnorm.weight", c_.dim);
-    norm(p + "norm.weight", c_.dim);
-    hc_head(p);
   }
 
   const ModelConfig& c_;

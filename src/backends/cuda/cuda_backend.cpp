@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "model/rope.h"
+#include "model/tensors.h"
 
 namespace dsv4 {
 
@@ -31,18 +33,75 @@ DeviceBuffer upload(const std::vector<T>& v, const char* what) {
   return gpu::to_device(v);
 }
 
+// The main model's tensors on the device: one walk over the tensor list (model/tensors.h)
+// uploads each in its stored form (gpu::upload_weight; small tensors as the float / int32
+// vectors the binding made), then the constructor hands them to the backend's own structs with
+// take(host tensor) and checks that none was left over. The mtp.0 block stays on the host until
+// the GPU runs it.
+class DeviceTensors {
+ public:
+  explicit DeviceTensors(const ModelWeights& w) {
+    for_each_tensor(w, [&](const TensorDesc& t, TensorTarget<true> x) {
+      if (t.mtp) return;
+      if (x.linear) weights_.emplace(x.linear, gpu::upload_weight(*x.linear));
+      if (x.floats) buffers_.emplace(x.floats, upload(*x.floats, t.name.c_str()));
+      if (x.ids) buffers_.emplace(x.ids, upload(*x.ids, t.name.c_str()));
+      names_.emplace(x.address(), t.name);
+    });
+  }
+
+  DeviceWeight take(const QWeight& w) { return pop(weights_, &w); }
+  template <class T>
+  DeviceBuffer take(const std::vector<T>& v) {
+    return pop(buffers_, &v);
+  }
+  gpu::DeviceHcMix take(const HcMixW& m, int64_t rows, int64_t width) {
+    gpu::DeviceHcMix d;
+    d.rows = rows;
+    d.width = width;
+    d.fn = take(m.fn);
+    d.base = take(m.base);
+    d.scale = take(m.scale);
+    return d;
+  }
+
+  // Every uploaded tensor went into the backend's structs.
+  void check_all_taken() const {
+    for (const auto& [p, _] : weights_) throw Error("cuda backend: " + names_.at(p) + " was uploaded but not used");
+    for (const auto& [p, _] : buffers_) throw Error("cuda backend: " + names_.at(p) + " was uploaded but not used");
+  }
+
+ private:
+  template <class Map>
+  typename Map::mapped_type pop(Map& m, const void* host) {
+    auto it = m.find(host);
+    if (it == m.end()) {
+      auto n = names_.find(host);
+      throw Error("cuda backend: " + (n != names_.end() ? n->second + " taken twice" : std::string("a weight outside the tensor list")) +
+                  " in the upload");
+    }
+    typename Map::mapped_type d = std::move(it->second);
+    m.erase(it);
+    return d;
+  }
+
+  std::map<const void*, DeviceWeight> weights_;
+  std::map<const void*, DeviceBuffer> buffers_;
+  std::map<const void*, std::string> names_;
+};
+
 struct DevCompressor {
   DeviceWeight wkv, wgate;
   DeviceBuffer ape, norm;
   int64_t width = 0;  // coff * out_dim
 };
 
-DevCompressor upload_compressor(const CompressorW& w) {
+DevCompressor upload_compressor(DeviceTensors& dev, const CompressorW& w) {
   DevCompressor d;
-  d.wkv = gpu::upload_weight(w.wkv);
-  d.wgate = gpu::upload_weight(w.wgate);
-  d.ape = upload(w.ape, "compressor ape");
-  d.norm = upload(w.norm, "compressor norm");
+  d.wkv = dev.take(w.wkv);
+  d.wgate = dev.take(w.wgate);
+  d.ape = dev.take(w.ape);
+  d.norm = dev.take(w.norm);
   d.width = w.coff * w.out_dim;
   return d;
 }
@@ -51,13 +110,7 @@ struct DevExpert {
   DeviceWeight w1, w2, w3;
 };
 
-DevExpert upload_expert(const ExpertW& e) {
-  return {gpu::upload_weight(e.w1), gpu::upload_weight(e.w2), gpu::upload_weight(e.w3)};
-}
-
-gpu::DeviceHcMix upload_mix(const HcMixW& m, int64_t rows, int64_t width) {
-  return gpu::upload_hc_mix(m.fn, m.base, m.scale, rows, width);
-}
+DevExpert upload_expert(DeviceTensors& dev, const ExpertW& e) { return {dev.take(e.w1), dev.take(e.w2), dev.take(e.w3)}; }
 
 // One main layer's weights on the device, in stored form (gpu::upload_weight).
 struct DevLayer {
@@ -149,47 +202,49 @@ CudaBackend::CudaBackend(const ModelWeights& w, const CudaOptions& o) : c_(w.cfg
   kvb_ = gpu::kv_codec_bytes(c.head_dim, c.rope_dim);
   ikb_ = gpu::fp4_codec_bytes(c.index_dim);
 
-  embed_ = gpu::upload_weight(w.embed);
-  head_ = gpu::upload_weight(w.head);
-  norm_ = upload(w.norm, "norm");
-  head_mix_ = upload_mix(w.hc_head, c.hc, c.hc * c.dim);
+  DeviceTensors dev(w);
+  embed_ = dev.take(w.embed);
+  head_ = dev.take(w.head);
+  norm_ = dev.take(w.norm);
+  head_mix_ = dev.take(w.hc_head, c.hc, c.hc * c.dim);
   const int64_t M = c.hc_mix(), width = c.hc * c.dim;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerW& L = w.layers[l];
     DevLayer d;
     d.ratio = L.ratio;
     d.hash = L.hash;
-    d.attn_norm = upload(L.attn_norm, "attn_norm");
-    d.ffn_norm = upload(L.ffn_norm, "ffn_norm");
+    d.attn_norm = dev.take(L.attn_norm);
+    d.ffn_norm = dev.take(L.ffn_norm);
     d.freq = upload(layer_rope(c, l).freq, "rope freq");
-    d.hc_attn = upload_mix(L.hc_attn, M, width);
-    d.hc_ffn = upload_mix(L.hc_ffn, M, width);
+    d.hc_attn = dev.take(L.hc_attn, M, width);
+    d.hc_ffn = dev.take(L.hc_ffn, M, width);
     const AttentionW& A = L.attn;
-    d.wq_a = gpu::upload_weight(A.wq_a);
-    d.wq_b = gpu::upload_weight(A.wq_b);
-    d.wkv = gpu::upload_weight(A.wkv);
-    d.wo_a = gpu::upload_weight(A.wo_a);
-    d.wo_b = gpu::upload_weight(A.wo_b);
-    d.q_norm = upload(A.q_norm, "q_norm");
-    d.kv_norm = upload(A.kv_norm, "kv_norm");
-    d.sink = upload(A.sink, "attn_sink");
-    if (L.ratio > 0) d.comp = upload_compressor(*A.comp);
+    d.wq_a = dev.take(A.wq_a);
+    d.wq_b = dev.take(A.wq_b);
+    d.wkv = dev.take(A.wkv);
+    d.wo_a = dev.take(A.wo_a);
+    d.wo_b = dev.take(A.wo_b);
+    d.q_norm = dev.take(A.q_norm);
+    d.kv_norm = dev.take(A.kv_norm);
+    d.sink = dev.take(A.sink);
+    if (L.ratio > 0) d.comp = upload_compressor(dev, *A.comp);
     if (L.ratio == 4) {
-      d.index_comp = upload_compressor(A.indexer->comp);
-      d.index_wq_b = gpu::upload_weight(A.indexer->wq_b);
-      d.index_proj = gpu::upload_weight(A.indexer->weights_proj);
+      d.index_comp = upload_compressor(dev, A.indexer->comp);
+      d.index_wq_b = dev.take(A.indexer->wq_b);
+      d.index_proj = dev.take(A.indexer->weights_proj);
     }
     const MoEW& F = L.ffn;
-    d.gate = gpu::upload_weight(F.gate);
+    d.gate = dev.take(F.gate);
     if (L.hash) {
-      d.tid2eid = upload(F.tid2eid, "tid2eid");
+      d.tid2eid = dev.take(F.tid2eid);
     } else {
-      d.bias = upload(F.bias, "gate bias");
+      d.bias = dev.take(F.bias);
     }
-    for (const ExpertW& e : F.experts) d.experts.push_back(upload_expert(e));
-    d.shared = upload_expert(F.shared);
+    for (const ExpertW& e : F.experts) d.experts.push_back(upload_expert(dev, e));
+    d.shared = upload_expert(dev, F.shared);
     layers_.push_back(std::move(d));
   }
+  dev.check_all_taken();
 
   // Workspace for chunk_ tokens. Indexer scores: one row per query over every entry the
   // context can hold (ratio 4).
