@@ -1,0 +1,308 @@
+// The engine API (engine/engine.h) end to end on the golden models: a sequence's logits are
+// bit-identical whatever else is in its step; truncate + new tokens == a fresh sequence fed
+// the new stream; fork == continuing the original; the MTP block against its golden logits and
+// under the same invariants; errors carry their kind and change nothing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "engine/engine.h"
+#include "engine/score.h"
+#include "test_util.h"
+#include "tools/npy.h"
+
+using namespace dsv4;
+using namespace dsv4::testing;
+
+namespace {
+
+std::vector<int32_t> random_tokens(std::mt19937& g, int64_t n, int64_t vocab) {
+  std::uniform_int_distribution<int32_t> d(2, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  for (auto& t : out) t = d(g);
+  return out;
+}
+
+std::vector<int32_t> slice(const std::vector<int32_t>& v, int64_t a, int64_t b) { return {v.begin() + a, v.begin() + b}; }
+
+// Feeds `tokens` in chunks of `chunk` (0 = one chunk) and returns every row's logits (and, for
+// MTP sequences, the MTP logits produced meanwhile, appended).
+struct Fed {
+  std::vector<float> logits, mtp;
+};
+Fed feed(Engine& e, Sequence& s, const std::vector<int32_t>& tokens, int64_t chunk = 0) {
+  Fed out;
+  const int64_t n = static_cast<int64_t>(tokens.size()), c = chunk > 0 ? chunk : std::max<int64_t>(n, 1);
+  for (int64_t p = 0; p < n; p += c) {
+    StepRequest r{&s, slice(tokens, p, std::min(n, p + c)), Rows::All};
+    r.mtp_logits = s.mtp();
+    StepResult res = std::move(e.step({r})[0]);
+    out.logits.insert(out.logits.end(), res.logits.begin(), res.logits.end());
+    out.mtp.insert(out.mtp.end(), res.mtp_logits.begin(), res.mtp_logits.end());
+  }
+  return out;
+}
+
+const char* const kCases[] = {"tiny-native", "tiny-nvfp4-sharded", "tiny-hf-bf16-sharded", "small-native"};
+
+}  // namespace
+
+// Each golden case scored inside a batch with other sequences of other lengths and schedules
+// (one still prefilling in chunks while others decode) gives logits bit-identical to scoring it
+// alone; so do the others.
+TEST(EngineBatch, SequenceInBatchEqualsAlone) {
+  for (const char* name : kCases) {
+    const std::string dir = golden_dir(name);
+    if (dir.empty()) continue;  // small-native lives in ../shared
+    SCOPED_TRACE(name);
+    Engine e({.model_dir = dir + "/model"});
+    const int64_t V = e.info().vocab;
+    std::mt19937 g(7);
+    const std::vector<int32_t> golden = read_tokens(dir + "/tokens.txt");
+    std::vector<ScoreJob> jobs(4);
+    jobs[0].tokens = golden, jobs[0].prefill = 40, jobs[0].chunk = 7;            // prefills in chunks while...
+    jobs[1].tokens = random_tokens(g, 23, V), jobs[1].prefill = 0;               // ...this one decodes from the start,
+    jobs[2].tokens = random_tokens(g, 70, V), jobs[2].prefill = 70;              // this one is one big prefill,
+    jobs[3].tokens = random_tokens(g, 5, V), jobs[3].prefill = 3, jobs[3].chunk = 1;  // and this one ends early.
+    std::vector<ScoreJob> batch = jobs;
+    score(e, batch);
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      std::vector<ScoreJob> alone = {jobs[j]};
+      score(e, alone);
+      EXPECT_EQ(batch[j].logits, alone[0].logits) << "sequence " << j;
+    }
+    // And the golden schedule of test_golden.cpp (one prefill chunk): same bits as chunks of 7.
+    EXPECT_EQ(batch[0].logits, score_tokens(e, golden, 40, 0));
+  }
+}
+
+// truncate(seq, p) + new tokens == a fresh sequence fed the kept prefix and the new tokens,
+// bitwise, for random cut points inside the window, across its wrap-around and across CSA
+// (ratio 4) and HCA (ratio 16) block boundaries, cheap (<= kCheapRewind) and deep rewinds.
+TEST(EngineRewind, TruncateThenFeedEqualsFresh) {
+  for (const char* name : {"tiny-native", "small-native"}) {
+    const std::string dir = golden_dir(name);
+    if (dir.empty()) continue;
+    SCOPED_TRACE(name);
+    Engine e({.model_dir = dir + "/model"});
+    const int64_t V = e.info().vocab;
+    std::mt19937 g(11);
+    int checked = 0;
+    for (int trial = 0; trial < 14; ++trial) {
+      // P tokens fed (in random chunks), rewound by k, then m new tokens.
+      const int64_t P = std::uniform_int_distribution<int64_t>(1, 90)(g);
+      const bool deep = trial % 5 == 4;
+      const int64_t k = deep ? std::min<int64_t>(P, kCheapRewind + 1 + trial) : std::uniform_int_distribution<int64_t>(0, std::min(P, kCheapRewind))(g);
+      const int64_t p = P - k, m = std::uniform_int_distribution<int64_t>(1, 20)(g);
+      SCOPED_TRACE("fed " + std::to_string(P) + ", truncated to " + std::to_string(p) + ", then " + std::to_string(m));
+      const std::vector<int32_t> stream = random_tokens(g, P, V), fresh_tail = random_tokens(g, m, V);
+      Sequence s = e.new_sequence();
+      for (int64_t at = 0; at < P;) {
+        const int64_t n = std::min(P - at, std::uniform_int_distribution<int64_t>(1, 9)(g));
+        e.step({{&s, slice(stream, at, at + n), Rows::None}});
+        at += n;
+      }
+      e.truncate(s, p);
+      EXPECT_EQ(s.pos(), p);
+      EXPECT_EQ(s.tokens(), slice(stream, 0, p));
+      const Fed got = feed(e, s, fresh_tail, trial % 2 ? 1 : 0);
+      Sequence f = e.new_sequence();
+      if (p > 0) feed(e, f, slice(stream, 0, p));
+      const Fed want = feed(e, f, fresh_tail);
+      EXPECT_EQ(got.logits, want.logits);
+      ++checked;
+    }
+    EXPECT_EQ(checked, 14);
+  }
+}
+
+// The block boundaries and the window wrap-around, deliberately: on small-native (window 32,
+// ratios 4 and 16) every rewind of 1..16 tokens from positions around 48 and 64.
+TEST(EngineRewind, EveryDepthAroundBlockBoundaries) {
+  const std::string dir = golden_dir("small-native");
+  if (dir.empty()) GTEST_SKIP() << "small-native not present";
+  Engine e({.model_dir = dir + "/model"});
+  std::mt19937 g(3);
+  const std::vector<int32_t> stream = random_tokens(g, 80, e.info().vocab), tail = random_tokens(g, 6, e.info().vocab);
+  for (int64_t P : {48, 50, 64}) {
+    Sequence base = e.new_sequence();
+    feed(e, base, slice(stream, 0, P));
+    for (int64_t k = 1; k <= kCheapRewind; ++k) {
+      Sequence s = e.fork(base);
+      e.truncate(s, P - k);
+      Sequence f = e.new_sequence();
+      feed(e, f, slice(stream, 0, P - k));
+      EXPECT_EQ(feed(e, s, tail, 1).logits, feed(e, f, tail, 1).logits) << "from " << P << " back " << k;
+    }
+  }
+}
+
+// A fork continues exactly as the original would; neither disturbs the other (the compressed
+// entries they share are copied on write); a snapshot restores the same state, costs less than
+// the sequence's cache, and survives its origin moving on.
+TEST(EngineFork, ForkEqualsContinuingTheOriginal) {
+  for (const char* name : {"tiny-native", "small-native"}) {
+    const std::string dir = golden_dir(name);
+    if (dir.empty()) continue;
+    SCOPED_TRACE(name);
+    Engine e({.model_dir = dir + "/model"});
+    const int64_t V = e.info().vocab;
+    std::mt19937 g(5);
+    const std::vector<int32_t> prefix = random_tokens(g, 61, V), a_tail = random_tokens(g, 19, V), b_tail = random_tokens(g, 19, V);
+
+    Sequence ref = e.new_sequence();
+    feed(e, ref, prefix);
+    const Fed ref_a = feed(e, ref, a_tail, 1);
+
+    Sequence orig = e.new_sequence();
+    feed(e, orig, prefix);
+    Snapshot snap = e.snapshot(orig);
+    Sequence fork = e.fork(orig);
+    EXPECT_EQ(fork.pos(), orig.pos());
+    EXPECT_EQ(fork.tokens(), orig.tokens());
+    const Fed fork_b = feed(e, fork, b_tail, 1);   // the fork goes elsewhere first...
+    const Fed orig_a = feed(e, orig, a_tail, 1);   // ...the original is undisturbed
+    EXPECT_EQ(orig_a.logits, ref_a.logits);
+    Sequence restored = e.restore(snap);           // the snapshot too, after both moved on
+    EXPECT_EQ(feed(e, restored, a_tail, 1).logits, ref_a.logits);
+    Sequence fresh_b = e.new_sequence();
+    feed(e, fresh_b, prefix);
+    EXPECT_EQ(fork_b.logits, feed(e, fresh_b, b_tail, 1).logits);
+    EXPECT_GT(snap.bytes(), 0u);
+    EXPECT_LT(snap.bytes(), orig.cache_bytes());
+    std::printf("[fork %s] sequence cache %zu bytes, snapshot %zu bytes\n", name, orig.cache_bytes(), snap.bytes());
+  }
+}
+
+// The MTP block's logits (row t: the block at position t given token t+1) against the golden
+// expected-mtp.npy at each case's thresholds, rows in exclude_positions left out.
+TEST(EngineMtp, GoldenLogits) {
+  int cases = 0;
+  for (const char* name : kCases) {
+    const std::string dir = golden_dir(name);
+    if (dir.empty() || !std::filesystem::exists(dir + "/expected-mtp.npy")) continue;
+    SCOPED_TRACE(name);
+    ++cases;
+    const nlohmann::json cs = read_json(dir + "/case.json");
+    const nlohmann::json& pass = cs["mtp"]["pass"];
+    const std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
+    const NpyF32 want = read_npy_f32(dir + "/expected-mtp.npy");
+    const int64_t T = static_cast<int64_t>(tokens.size());
+    Engine e({.model_dir = dir + "/model"});
+    const int64_t V = e.info().vocab;
+    ASSERT_EQ(want.shape, (std::vector<int64_t>{T - 1, V}));
+    std::vector<ScoreJob> jobs(1);
+    jobs[0].tokens = tokens;
+    jobs[0].prefill = cs["prefill"].get<int64_t>();
+    jobs[0].mtp = true;
+    score(e, jobs);
+    std::vector<double> err = rel_l2_rows(jobs[0].mtp_logits.data(), want.data.data(), T - 1, V);
+    std::vector<int64_t> excluded = pass["exclude_positions"].get<std::vector<int64_t>>();
+    std::vector<double> kept;
+    int64_t agree = 0;
+    for (int64_t t = 0; t < T - 1; ++t) {
+      if (std::find(excluded.begin(), excluded.end(), t) != excluded.end()) continue;
+      kept.push_back(err[t]);
+      const float* a = jobs[0].mtp_logits.data() + t * V;
+      const float* b = want.data.data() + t * V;
+      agree += (std::max_element(a, a + V) - a) == (std::max_element(b, b + V) - b);
+    }
+    std::sort(kept.begin(), kept.end());
+    const double median = kept[kept.size() / 2], max = kept.back();
+    const double pct = 100.0 * static_cast<double>(agree) / static_cast<double>(kept.size());
+    std::printf("[golden mtp %s] median rel L2 %.3g, max %.3g, argmax %.1f%% (%zu rows excluded)\n", name, median, max, pct,
+                excluded.size());
+    EXPECT_LE(median, pass["median_rel_l2"].get<double>());
+    EXPECT_LE(max, pass["max_rel_l2"].get<double>());
+    EXPECT_GE(pct, pass["argmax_pct"].get<double>());
+  }
+  EXPECT_GE(cases, 3);
+}
+
+// The MTP logits do not depend on chunking, batching or a rewind: prefill chunks == decode ==
+// one shot, in a batch == alone, truncate + refeed == fresh (all bitwise).
+TEST(EngineMtp, InvariantsHold) {
+  const std::string dir = golden_dir("tiny-nvfp4-sharded");
+  Engine e({.model_dir = dir + "/model"});
+  const std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  auto mtp_of = [&](int64_t prefill, int64_t chunk) {
+    std::vector<ScoreJob> j(1);
+    j[0].tokens = tokens, j[0].prefill = prefill, j[0].chunk = chunk, j[0].mtp = true;
+    score(e, j);
+    return j[0].mtp_logits;
+  };
+  const std::vector<float> all = mtp_of(T, 0);
+  EXPECT_EQ(mtp_of(0, 0), all);
+  EXPECT_EQ(mtp_of(T, 7), all);
+  EXPECT_EQ(mtp_of(23, 5), all);
+  std::vector<ScoreJob> batch(2);
+  batch[0].tokens = tokens, batch[0].prefill = 40, batch[0].chunk = 3, batch[0].mtp = true;
+  batch[1].tokens = slice(tokens, 5, 50), batch[1].prefill = 0, batch[1].mtp = true;
+  score(e, batch);
+  EXPECT_EQ(batch[0].mtp_logits, all);
+  // Rewind: feed 50, truncate to 41, refeed the rest: the MTP rows from 40 on equal the fresh ones.
+  Sequence s = e.new_sequence({.mtp = true});
+  feed(e, s, slice(tokens, 0, 50));
+  e.truncate(s, 41);
+  EXPECT_EQ(s.mtp_pos(), 40);
+  const Fed again = feed(e, s, slice(tokens, 41, T), 1);
+  const int64_t V = e.info().vocab;
+  ASSERT_EQ(static_cast<int64_t>(again.mtp.size()), (T - 1 - 40) * V);
+  EXPECT_TRUE(std::equal(again.mtp.begin(), again.mtp.end(), all.begin() + 40 * V));
+  // A deep rewind replays, MTP included.
+  e.truncate(s, 10);
+  EXPECT_EQ(s.mtp_pos(), 9);
+  const Fed deep = feed(e, s, slice(tokens, 10, T));
+  EXPECT_TRUE(std::equal(deep.mtp.begin(), deep.mtp.end(), all.begin() + 9 * V));
+}
+
+// Drafts are deterministic, and drafting leaves nothing behind: the next step's logits are
+// those of a sequence that never drafted.
+TEST(EngineMtp, DraftingLeavesNoTrace) {
+  const std::string dir = golden_dir("tiny-native");
+  Engine e({.model_dir = dir + "/model"});
+  const std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
+  Sequence a = e.new_sequence({.mtp = true}), b = e.new_sequence({.mtp = true});
+  feed(e, a, slice(tokens, 0, 30));
+  feed(e, b, slice(tokens, 0, 30));
+  const auto d1 = e.draft({{&a, tokens[30], 5}});
+  const auto d2 = e.draft({{&a, tokens[30], 5}});
+  ASSERT_EQ(d1[0].size(), 5u);
+  EXPECT_EQ(d1, d2);
+  EXPECT_EQ(feed(e, a, slice(tokens, 30, 40), 1).mtp, feed(e, b, slice(tokens, 30, 40), 1).mtp);
+}
+
+// Bad requests are refused with their kind before anything changes.
+TEST(EngineErrors, KindsAndNoChange) {
+  const std::string dir = golden_dir("tiny-native");
+  Engine e({.model_dir = dir + "/model", .context = 50});
+  Engine other({.model_dir = dir + "/model"});
+  Sequence s = e.new_sequence();
+  e.step({{&s, {5, 6, 7}, Rows::None}});
+  auto kind_of = [&](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& err) {
+      return static_cast<int>(err.kind);
+    }
+    return -1;
+  };
+  EXPECT_EQ(kind_of([&] { e.step({{&s, {5, 5000}}}); }), static_cast<int>(ErrorKind::BadInput));
+  EXPECT_EQ(kind_of([&] { e.step({{&s, {}}}); }), static_cast<int>(ErrorKind::BadInput));
+  EXPECT_EQ(kind_of([&] { e.step({{&s, {5}}, {&s, {6}}}); }), static_cast<int>(ErrorKind::BadInput));
+  EXPECT_EQ(kind_of([&] { e.step({{&s, std::vector<int32_t>(48, 5)}}); }), static_cast<int>(ErrorKind::ResourceExhausted));
+  Sequence foreign = other.new_sequence();
+  EXPECT_EQ(kind_of([&] { e.step({{&foreign, {5}}}); }), static_cast<int>(ErrorKind::BadInput));
+  EXPECT_EQ(kind_of([&] { e.truncate(s, 4); }), static_cast<int>(ErrorKind::BadInput));
+  EXPECT_EQ(kind_of([&] { e.draft({{&s, 5, 2}}); }), static_cast<int>(ErrorKind::BadInput));  // made without mtp
+  Sequence m = e.new_sequence({.mtp = true});
+  e.step({{&m, {5, 6}, Rows::None}});
+  EXPECT_EQ(kind_of([&] { e.draft({{&m, 5, kCheapRewind + 1}}); }), static_cast<int>(ErrorKind::BadInput));
+  // Nothing changed: s continues exactly as a fresh sequence fed the same.
+  EXPECT_EQ(s.pos(), 3);
+  Sequence f = e.new_sequence();
+  e.step({{&f, {5, 6, 7}, Rows::None}});
+  EXPECT_EQ(e.step({{&s, {9}, Rows::Last}})[0].logits, e.step({{&f, {9}, Rows::Last}})[0].logits);
+}
