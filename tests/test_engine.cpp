@@ -161,8 +161,14 @@ TEST(EngineFork, ForkEqualsContinuingTheOriginal) {
     Sequence fork = e.fork(orig);
     EXPECT_EQ(fork.pos(), orig.pos());
     EXPECT_EQ(fork.tokens(), orig.tokens());
-    const Fed fork_b = feed(e, fork, b_tail, 1);   // the fork goes elsewhere first...
-    const Fed orig_a = feed(e, orig, a_tail, 1);   // ...the original is undisturbed
+    // The two take turns, one token each, down different paths: each reads rows the other
+    // would have overwritten without copy-on-write.
+    Fed fork_b, orig_a;
+    for (size_t i = 0; i < a_tail.size(); ++i) {
+      Fed fb = feed(e, fork, {b_tail[i]}), oa = feed(e, orig, {a_tail[i]});
+      fork_b.logits.insert(fork_b.logits.end(), fb.logits.begin(), fb.logits.end());
+      orig_a.logits.insert(orig_a.logits.end(), oa.logits.begin(), oa.logits.end());
+    }
     EXPECT_EQ(orig_a.logits, ref_a.logits);
     Sequence restored = e.restore(snap);           // the snapshot too, after both moved on
     EXPECT_EQ(feed(e, restored, a_tail, 1).logits, ref_a.logits);
