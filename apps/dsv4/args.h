@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
 #include "engine/engine.h"
 
 namespace dsv4::cli {

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Checks that every source includes only headers of its own layer or of the layers below it
+# (README "Layout"). Run by ctest (Layering.IncludesPointDown); prints each violation.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# folder -> the folders its sources may include from ("" = its own only)
+declare -A allowed=(
+  [src/core]="core"
+  [src/io]="core io"
+  [src/kernels/cpu]="core kernels/cpu"
+  [src/kernels/cuda]="core kernels/cuda"
+  [src/kv]="core io kv"
+  [src/model]="core io kv model"
+  [src/backends/cpu]="core io kv model kernels/cpu backends/cpu"
+  [src/backends/cuda]="core io kv model kernels/cuda backends/cuda"
+  [src/text]="core text"
+  [src/engine]="core io kv model kernels/cpu kernels/cuda backends/cpu backends/cuda text engine"
+  [src/tools]="core io kv model kernels/cpu backends/cpu text engine tools"
+  # Apps see the engine's public headers only: no tensors, weights, backends or kernels.
+  [apps/dsv4]="engine text tools"
+)
+bad=0
+for dir in "${!allowed[@]}"; do
+  [ -d "$dir" ] || continue
+  while IFS= read -r line; do
+    file=${line%%:*}
+    inc=$(sed -E 's/.*#include "([^"]+)".*/\1/' <<<"$line")
+    case "$inc" in */*) ;; *) continue ;; esac  # same-folder headers ("args.h")
+    ok=0
+    for a in ${allowed[$dir]}; do
+      [[ "$inc" == "$a/"* ]] && ok=1 && break
+    done
+    # A public engine header may name the row selector of the model layer (model/rows.h).
+    [ "$dir" = apps/dsv4 ] && [ "$inc" = model/rows.h ] && ok=1
+    if [ $ok = 0 ]; then
+      echo "layering: $file includes \"$inc\" (allowed from $dir: ${allowed[$dir]})"
+      bad=1
+    fi
+  done < <(grep -rHn '#include "' "$dir" || true)
+done
+[ $bad = 0 ] && echo "layering: every include points down"
+exit $bad
