@@ -105,6 +105,31 @@ TEST(Cli, ScoreWritesLogitsThatMatchGolden) {
   EXPECT_LE(*std::max_element(e.begin(), e.end()), 1e-3);
 }
 
+// Several sequences in one run go through shared batched steps; each output equals the
+// sequence scored alone, bit for bit. --mtp-out writes the MTP block's logits [T-1, vocab].
+TEST(Cli, ScoreSeveralSequencesAndMtp) {
+  const std::string d = temp_dir("cli-multi"), dir = tiny();
+  std::ifstream f(dir + "/tokens.txt");
+  std::string toks;
+  std::getline(f, toks);
+  const std::string m = " --model " + dir + "/model --prefill 10 --chunk 4";
+  CliRun both = dsv4_run("score" + m + " --tokens " + toks + " --out " + d + "/a.npy --tokens 7,8,9,10,11,12,13,14,15,16,17,18 --out " + d + "/b.npy");
+  ASSERT_EQ(both.status, 0) << both.err;
+  ASSERT_EQ(dsv4_run("score" + m + " --tokens " + toks + " --out " + d + "/a1.npy --mtp-out " + d + "/am.npy").status, 0);
+  ASSERT_EQ(dsv4_run("score" + m + " --tokens 7,8,9,10,11,12,13,14,15,16,17,18 --out " + d + "/b1.npy").status, 0);
+  EXPECT_EQ(read_npy_f32(d + "/a.npy").data, read_npy_f32(d + "/a1.npy").data);
+  EXPECT_EQ(read_npy_f32(d + "/b.npy").data, read_npy_f32(d + "/b1.npy").data);
+  NpyF32 mtp = read_npy_f32(d + "/am.npy"), want = read_npy_f32(dir + "/expected-mtp.npy");
+  ASSERT_EQ(mtp.shape, want.shape);
+  std::vector<double> e = rel_l2_rows(mtp.data.data(), want.data.data(), mtp.shape[0], mtp.shape[1]);
+  std::sort(e.begin(), e.end());
+  EXPECT_LE(e[e.size() / 2], 1e-4);
+  // One --out per --tokens; --mtp-out takes one sequence.
+  EXPECT_EQ(dsv4_run("score" + m + " --tokens 1,2,3 --tokens 4,5,6 --out " + d + "/x.npy").status, 2);
+  EXPECT_EQ(dsv4_run("score" + m + " --tokens 1,2,3 --out " + d + "/x.npy --tokens 4,5,6 --out " + d + "/y.npy --mtp-out " + d + "/z.npy").status, 2);
+  fs::remove_all(d);
+}
+
 TEST(Cli, TokenIdOutsideVocab) {
   std::string out = temp_dir("cli-vocab") + "/l.npy";
   CliRun r = dsv4_run("score --model " + tiny() + "/model --tokens 1,2,1024 --out " + out);
@@ -234,6 +259,22 @@ TEST(Cli, BenchJsonHasEveryField) {
   EXPECT_EQ(j.at("load").get<std::string>(), "read");  // auto reads a small model into memory
   // Every weight of the attention path and the head is read once per decode step, at least.
   EXPECT_GT(j.at("decode_bytes_per_token").get<double>(), 1e6);
+}
+
+// --batch: a row per batch size; a batched step reads each weight once, so B sequences read
+// fewer than B times the bytes of one (the routed experts: the union the batch touched).
+TEST(Cli, BenchBatchRows) {
+  CommandResult r = run_command(std::string(DSV4_BIN) + " bench --model " + tiny() +
+                                "/model --prompt-len 16 --gen 3 --threads 2 --batch 1,4 --json 2>/dev/null");
+  ASSERT_EQ(r.status, 0);
+  nlohmann::json j = nlohmann::json::parse(r.output);
+  ASSERT_EQ(j.at("batches").size(), 2u);
+  const nlohmann::json &b1 = j["batches"][0], &b4 = j["batches"][1];
+  EXPECT_EQ(b1.at("batch").get<int>(), 1);
+  EXPECT_EQ(b4.at("batch").get<int>(), 4);
+  EXPECT_GT(b4.at("bytes_per_step").get<double>(), b1.at("bytes_per_step").get<double>());
+  EXPECT_LT(b4.at("bytes_per_step").get<double>(), 4 * b1.at("bytes_per_step").get<double>());
+  EXPECT_EQ(run_command(std::string(DSV4_BIN) + " bench --model " + tiny() + "/model --batch 0 2>/dev/null").status, 2);
 }
 
 // --profile: per phase, the time inside matmul by weight and shape, and the rest; the rows
