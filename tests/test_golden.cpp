@@ -41,8 +41,10 @@ void run_golden_case(const std::string& name) {
   int64_t agree = 0;
   for (int64_t t = 0; t < T; ++t) agree += argmax(got.data() + t * V, V) == argmax(want.data.data() + t * V, V);
   double pct = 100.0 * static_cast<double>(agree) / static_cast<double>(T);
-  std::printf("[golden %s] median rel L2 %.3g, max %.3g, argmax %.1f%%\n", name.c_str(), median, max, pct);
+  const double p99 = sorted[static_cast<size_t>(0.99 * static_cast<double>(sorted.size() - 1))];
+  std::printf("[golden %s] median rel L2 %.3g, p99 %.3g, max %.3g, argmax %.1f%%\n", name.c_str(), median, p99, max, pct);
   EXPECT_LE(median, cs["pass"]["median_rel_l2"].get<double>());
+  if (cs["pass"].contains("p99_rel_l2")) EXPECT_LE(p99, cs["pass"]["p99_rel_l2"].get<double>());
   EXPECT_LE(max, cs["pass"]["max_rel_l2"].get<double>());
   EXPECT_GE(pct, cs["pass"]["argmax_pct"].get<double>());
 }
@@ -58,6 +60,32 @@ TEST(Golden, TinyNative) { run_golden_case("tiny-native"); }
 TEST(Golden, TinyNvfp4Sharded) { run_golden_case("tiny-nvfp4-sharded"); }
 TEST(Golden, TinyHfBf16Sharded) { run_golden_case("tiny-hf-bf16-sharded"); }
 TEST(Golden, SmallNative) { run_golden_case("small-native"); }  // from ../shared when present
+// V4-Flash attention settings (window 128, ratios 4 and 128, index top-k 512, 64 index heads x
+// 128) over 3,000 tokens: from ~2,048 on the indexer's top-k drops compressed entries.
+TEST(Golden, LongFlashAttn) { run_golden_case("long-flash-attn"); }  // from ../shared when present
+
+// At those settings, past 2,048 tokens: one shot == prefill in chunks == token-by-token decode,
+// bitwise, and a rewind there + new tokens == fresh.
+TEST(Invariants, LongContextAtRealSettings) {
+  const std::string dir = golden_dir("long-flash-attn");
+  if (dir.empty()) GTEST_SKIP() << "long-flash-attn not present";
+  Engine e({.model_dir = dir + "/model"});
+  const std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
+  const int64_t T = static_cast<int64_t>(tokens.size()), V = e.info().vocab;
+  ASSERT_GT(T, 2048);
+  const std::vector<float> all = score_tokens(e, tokens, T, 0);
+  EXPECT_EQ(score_tokens(e, tokens, T, 333), all) << "prefill in chunks of 333";
+  EXPECT_EQ(score_tokens(e, tokens, 2100, 0), all) << "prefill 2100, then decode";
+  EXPECT_EQ(score_tokens(e, tokens, 0, 0), all) << "every token decoded";
+  // Rewind 12 tokens at position 2,600 and feed other tokens: == a fresh sequence.
+  std::vector<int32_t> other(tokens.begin() + 100, tokens.begin() + 140);
+  Sequence s = e.new_sequence(), f = e.new_sequence();
+  e.step({{&s, std::vector<int32_t>(tokens.begin(), tokens.begin() + 2600), Rows::None}});
+  e.truncate(s, 2588);
+  e.step({{&f, std::vector<int32_t>(tokens.begin(), tokens.begin() + 2588), Rows::None}});
+  EXPECT_EQ(e.step({{&s, other, Rows::All}})[0].logits, e.step({{&f, other, Rows::All}})[0].logits);
+  (void)V;
+}
 
 // Prefill chunk sizes 1, 3, 7 and "all" give the same logits, and so does decoding every token.
 TEST(Invariants, ChunkSizesAgree) {
