@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz) with clang + ASan + UBSan into build-fuzz/ and runs
+# each for a bounded time (DSV4_FUZZ_SECONDS, default 30) from the committed corpus. A crash,
+# sanitizer report, leak or timeout fails the run; the input is kept in build-fuzz/artifacts/
+# and belongs in tests/fuzz/corpus/<target>/ once fixed (docs/fuzzing.md).
+# Usage: scripts/fuzz.sh [target ...]   (default: checkpoint tokenizer chat)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs="${DSV4_FUZZ_SECONDS:-30}"
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(checkpoint tokenizer chat)
+CXX_FUZZ="$(command -v clang++ || command -v clang++-14 || true)"
+[ -n "$CXX_FUZZ" ] || { echo "fuzz: clang++ not found (apt-get install clang)" >&2; exit 1; }
+CC_FUZZ="${CXX_FUZZ/clang++/clang}"
+cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$CC_FUZZ" -DCMAKE_CXX_COMPILER="$CXX_FUZZ" \
+  -DDSV4_FUZZ=ON -DDSV4_CUDA=OFF >/dev/null
+cmake --build build-fuzz -j"$(nproc)" --target $(printf 'fuzz_%s ' "${targets[@]}") >/dev/null
+mkdir -p build-fuzz/artifacts
+export DSV4_TOKENIZER="${DSV4_TOKENIZER:-$PWD/build/deps/tokenizer/tokenizer.json}"
+status=0
+for t in "${targets[@]}"; do
+  work="build-fuzz/corpus-$t"
+  rm -rf "$work" && mkdir -p "$work"
+  cp tests/fuzz/corpus/"$t"/* "$work"/
+  log="build-fuzz/fuzz-$t.log"
+  if build-fuzz/tests/fuzz_"$t" "$work" -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+       -artifact_prefix=build-fuzz/artifacts/"$t"- >"$log" 2>&1; then
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
+    echo "fuzz $t: ${runs:-?} executions in ${secs}s (${rate:-?}/s), $cov, corpus $(ls "$work" | wc -l) inputs, no failure"
+  else
+    echo "fuzz $t: FAILED (see $log; input in build-fuzz/artifacts/)" >&2
+    tail -30 "$log" >&2
+    status=1
+  fi
+done
+exit $status
