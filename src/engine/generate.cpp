@@ -125,7 +125,12 @@ GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& promp
   r.prompt_tokens = static_cast<int64_t>(pending.size());
   auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits;
-  const int64_t chunk = opt.prefill_chunk > 0 ? opt.prefill_chunk : static_cast<int64_t>(pending.size());
+  // An MTP sequence's step holds every row's final hc state (hc * dim floats per token) for the
+  // block: long prompts go in chunks of 512 so that stays bounded (chunking changes no bits).
+  constexpr int64_t kMtpChunk = 512;
+  const int64_t chunk = opt.prefill_chunk > 0 ? opt.prefill_chunk
+                        : opt.draft > 0       ? kMtpChunk
+                                              : static_cast<int64_t>(pending.size());
   for (size_t p = 0; p < pending.size(); p += static_cast<size_t>(chunk)) {
     const size_t n = std::min<size_t>(static_cast<size_t>(chunk), pending.size() - p);
     const bool last = p + n == pending.size();
