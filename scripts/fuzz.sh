@@ -11,8 +11,7 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(checkpoint tokenizer chat)
 CXX_FUZZ="$(command -v clang++ || command -v clang++-14 || true)"
 [ -n "$CXX_FUZZ" ] || { echo "fuzz: clang++ not found (apt-get install clang)" >&2; exit 1; }
-CC_FUZZ="${CXX_FUZZ/clang++/clang}"
-cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$CC_FUZZ" -DCMAKE_CXX_COMPILER="$CXX_FUZZ" \
+cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$CXX_FUZZ" \
   -DDSV4_FUZZ=ON -DDSV4_CUDA=OFF >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target $(printf 'fuzz_%s ' "${targets[@]}") >/dev/null
 mkdir -p build-fuzz/artifacts
