@@ -9,6 +9,7 @@ declare -A allowed=(
   [src/io]="core io"
   [src/kernels/cpu]="core kernels/cpu"
   [src/kernels/cuda]="core kernels/cuda"
+  [src/kernels/cuda_emu]="kernels/cuda_emu"
   [src/kv]="core io kv"
   [src/model]="core io kv model"
   [src/backends/cpu]="core io kv model kernels/cpu backends/cpu"

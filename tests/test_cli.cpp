@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "test_util.h"
+#include "tools/logits.h"
 #include "tools/npy.h"
 #include "io/safetensors.h"
 #include "engine/score.h"

@@ -10,10 +10,10 @@
 #include "tools/npy.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
-#include "engine/score.h"
 #include "model/forward.h"
 #include "test_cuda_util.h"
 #include "test_util.h"
+#include "tools/logits.h"
 
 using namespace dsv4;
 using namespace dsv4::testing;

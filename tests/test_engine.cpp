@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/score.h"
 #include "test_util.h"
+#include "tools/logits.h"
 #include "tools/npy.h"
 
 using namespace dsv4;

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "test_util.h"
+#include "tools/logits.h"
 #include "tools/npy.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/qmatmul.h"

@@ -26,7 +26,4 @@ void score(Engine& e, std::vector<ScoreJob>& jobs);
 // One sequence alone.
 std::vector<float> score_tokens(Engine& e, const std::vector<int32_t>& tokens, int64_t prefill, int64_t chunk);
 
-// Per-position relative L2 error ||got - want|| / ||want|| over rows of `cols` values.
-std::vector<double> rel_l2_rows(const float* got, const float* want, int64_t rows, int64_t cols);
-
 }  // namespace dsv4

@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kIdxWarps * 32)
     indexer_scores_kernel(const float* __restrict__ q, const float* __restrict__ w, int64_t HI, int64_t dI,
                           const uint8_t* __restrict__ keys, int64_t key_stride, const int32_t* __restrict__ pos,
                           int64_t ratio, int64_t n, float* scores, int64_t ld, int32_t* n_visible) {
-  extern __shared__ float sm[];
+  DSV4_EXTERN_SHARED(float, sm);
   const int64_t qld = dI + 1;
   float* qs = sm;
   float* ws = qs + HI * qld;
@@ -265,7 +265,7 @@ void sparse_attention(const SparseAttention& a, Stream stream) {
     bad_arg(op, "missing pointer");
   if (a.T <= 0 || a.H <= 0) return;
   const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>(ceil_div(a.H, kAttnHeads)));
-  sparse_attention_kernel<<<grid, kAttnHeads * 32, 0, stream>>>(a);
+  DSV4_LAUNCH(grid, kAttnHeads * 32, 0, stream, sparse_attention_kernel)(a);
   DSV4_CUDA_LAUNCHED("sparse_attention_kernel");
 }
 
@@ -286,7 +286,7 @@ void indexer_scores(const float* q, const float* w, int64_t T, int64_t HI, int64
   const int64_t tiles = n > 0 ? ceil_div(n, kIdxWarps * kIdxPerWarp) : 1;
   if (tiles > 65535) bad_arg(op, "too many entries for one launch");
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(tiles));
-  indexer_scores_kernel<<<grid, kIdxWarps * 32, smem, stream>>>(q, w, HI, dI, keys, key_stride, pos, ratio, n, scores,
+  DSV4_LAUNCH(grid, kIdxWarps * 32, smem, stream, indexer_scores_kernel)(q, w, HI, dI, keys, key_stride, pos, ratio, n, scores,
                                                                 ld, n_visible);
   DSV4_CUDA_LAUNCHED("indexer_scores_kernel");
 }
@@ -296,7 +296,7 @@ void topk_rows(const float* v, int64_t rows, int64_t n, int64_t ld, const int32_
   if (k <= 0 || k > kTopkMaxK) bad_arg("topk_rows", "k must be in [1, 4096]");
   if (n < 0 || n > 0x7FFFFFFF) bad_arg("topk_rows", "n out of range");
   if (rows <= 0) return;
-  topk_kernel<<<static_cast<unsigned>(rows), kTopkThreads, 0, stream>>>(v, n, ld, n_valid, static_cast<int>(k), idx,
+  DSV4_LAUNCH(static_cast<unsigned>(rows), kTopkThreads, 0, stream, topk_kernel)(v, n, ld, n_valid, static_cast<int>(k), idx,
                                                                          count);
   DSV4_CUDA_LAUNCHED("topk_kernel");
 }

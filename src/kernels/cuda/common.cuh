@@ -32,6 +32,17 @@ namespace dsv4::gpu {
     if (dsv4_err_ != cudaSuccess) ::dsv4::gpu::throw_cuda_error(dsv4_err_, "launch of " kernel_name, __FILE__, __LINE__); \
   } while (0)
 
+// kernel<<<grid, block, smem, stream>>>(args...) is written
+//   DSV4_LAUNCH(grid, block, smem, stream, kernel)(args...)
+// and `extern __shared__ T name[];` is written DSV4_EXTERN_SHARED(T, name), so the same source
+// also builds as host C++ against the CUDA emulator (src/kernels/cuda_emu, which defines both).
+#ifndef DSV4_LAUNCH
+#define DSV4_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#endif
+#ifndef DSV4_EXTERN_SHARED
+#define DSV4_EXTERN_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 // Throws dsv4::Error("<op>: <message>") for a bad argument.
 [[noreturn]] void bad_arg(const char* op, const std::string& message);
 

@@ -12,7 +12,7 @@ namespace {
 // One block per chunk row t; only rows that close a block (pos % ratio == ratio - 1) work.
 // Shared: the entry [dout] floats.
 __global__ void compress_pool_kernel(Compressor c) {
-  extern __shared__ float ent[];
+  DSV4_EXTERN_SHARED(float, ent);
   const int64_t t = blockIdx.x;
   const int64_t p = c.pos[t], p0 = c.pos[0], ratio = c.ratio, dout = c.dout;
   if (p % ratio != ratio - 1) return;  // uniform over the block
@@ -130,10 +130,10 @@ void compress(const Compressor& c, Stream stream) {
   if (!c.a || !c.s || !c.pos || !c.ape || !c.norm || (c.rope > 0 && !c.freq) || !c.ring_a || !c.ring_s || !c.entries)
     bad_arg(op, "missing pointer");
   if (c.T <= 0) return;
-  compress_pool_kernel<<<static_cast<unsigned>(c.T), 256, static_cast<size_t>(c.dout) * sizeof(float), stream>>>(c);
+  DSV4_LAUNCH(static_cast<unsigned>(c.T), 256, static_cast<size_t>(c.dout) * sizeof(float), stream, compress_pool_kernel)(c);
   DSV4_CUDA_LAUNCHED("compress_pool_kernel");
   const int64_t width = (c.ratio == 4 ? 2 : 1) * c.dout;
-  compress_ring_kernel<<<grid_for(compressor_ring_rows(c.ratio) * width, 256), 256, 0, stream>>>(c);
+  DSV4_LAUNCH(grid_for(compressor_ring_rows(c.ratio) * width, 256), 256, 0, stream, compress_ring_kernel)(c);
   DSV4_CUDA_LAUNCHED("compress_ring_kernel");
 }
 

@@ -81,7 +81,7 @@ __global__ void sim_kernel(float* x, int64_t rows, int64_t n, int64_t ld, int64_
 // ---------------------------------------------------------------- Hadamard: one block per row
 
 __global__ void hadamard_kernel(float* x, int64_t n, int64_t ld) {
-  extern __shared__ float hs[];
+  DSV4_EXTERN_SHARED(float, hs);
   float* xr = x + blockIdx.x * ld;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) hs[i] = xr[i];
   __syncthreads();
@@ -102,7 +102,7 @@ void rmsnorm(const float* x, int64_t ldx, const float* w, int64_t rows, int64_t 
   if (rows < 0 || n <= 0) bad_arg("rmsnorm", "bad shape");
   if (rows == 0) return;
   if (rows > 0x7FFFFFFF) bad_arg("rmsnorm", "too many rows");
-  rmsnorm_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(x, ldx, w, n, eps, y, ldy);
+  DSV4_LAUNCH(static_cast<unsigned>(rows), 256, 0, stream, rmsnorm_kernel)(x, ldx, w, n, eps, y, ldy);
   DSV4_CUDA_LAUNCHED("rmsnorm_kernel");
 }
 
@@ -112,14 +112,14 @@ void rope(float* v, int64_t nvec, int64_t n, int64_t ld, const float* freq, int6
     bad_arg("rope", "bad rope_dim " + std::to_string(rope_dim) + " for vectors of " + std::to_string(n));
   if (nvec <= 0) return;
   const int64_t half = rope_dim / 2;
-  rope_kernel<<<grid_for(nvec * half, 256), 256, 0, stream>>>(v, nvec, n, ld, freq, half, pos, vecs_per_pos, inverse);
+  DSV4_LAUNCH(grid_for(nvec * half, 256), 256, 0, stream, rope_kernel)(v, nvec, n, ld, freq, half, pos, vecs_per_pos, inverse);
   DSV4_CUDA_LAUNCHED("rope_kernel");
 }
 
 void swiglu_clamped(float* g, int64_t ldg, const float* u, int64_t ldu, int64_t rows, int64_t n, float lim,
                     const float* row_w, Stream stream) {
   if (rows <= 0 || n <= 0) return;
-  swiglu_kernel<<<grid_for(rows * n, 256), 256, 0, stream>>>(g, ldg, u, ldu, rows, n, lim, row_w);
+  DSV4_LAUNCH(grid_for(rows * n, 256), 256, 0, stream, swiglu_kernel)(g, ldg, u, ldu, rows, n, lim, row_w);
   DSV4_CUDA_LAUNCHED("swiglu_kernel");
 }
 
@@ -128,34 +128,34 @@ void embed(const WeightView& table, const int32_t* tokens, int64_t T, int64_t co
   if ((table.fmt == WFormat::MXFP4 || table.fmt == WFormat::NVFP4) && table.cols % 2 != 0)
     bad_arg("embed", "FP4 table with odd cols");
   if (T <= 0) return;
-  embed_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(table, tokens, copies, out);
+  DSV4_LAUNCH(static_cast<unsigned>(T), 256, 0, stream, embed_kernel)(table, tokens, copies, out);
   DSV4_CUDA_LAUNCHED("embed_kernel");
 }
 
 void fp8sim_rows(float* x, int64_t rows, int64_t n, int64_t ld, int64_t block, Stream stream) {
   if (block <= 0 || n % block != 0) bad_arg("fp8sim_rows", "n is not a multiple of block");
   if (rows <= 0 || n == 0) return;
-  sim_kernel<true><<<grid_for(rows * (n / block), 8), 256, 0, stream>>>(x, rows, n, ld, block);
+  DSV4_LAUNCH(grid_for(rows * (n / block), 8), 256, 0, stream, sim_kernel<true>)(x, rows, n, ld, block);
   DSV4_CUDA_LAUNCHED("sim_kernel<fp8>");
 }
 
 void fp4sim_rows(float* x, int64_t rows, int64_t n, int64_t ld, int64_t block, Stream stream) {
   if (block <= 0 || n % block != 0) bad_arg("fp4sim_rows", "n is not a multiple of block");
   if (rows <= 0 || n == 0) return;
-  sim_kernel<false><<<grid_for(rows * (n / block), 8), 256, 0, stream>>>(x, rows, n, ld, block);
+  DSV4_LAUNCH(grid_for(rows * (n / block), 8), 256, 0, stream, sim_kernel<false>)(x, rows, n, ld, block);
   DSV4_CUDA_LAUNCHED("sim_kernel<fp4>");
 }
 
 void hadamard_rows(float* x, int64_t rows, int64_t n, int64_t ld, Stream stream) {
   if (n <= 0 || (n & (n - 1)) != 0 || n > 8192) bad_arg("hadamard_rows", "n must be a power of two <= 8192");
   if (rows <= 0) return;
-  hadamard_kernel<<<static_cast<unsigned>(rows), 256, static_cast<size_t>(n) * sizeof(float), stream>>>(x, n, ld);
+  DSV4_LAUNCH(static_cast<unsigned>(rows), 256, static_cast<size_t>(n) * sizeof(float), stream, hadamard_kernel)(x, n, ld);
   DSV4_CUDA_LAUNCHED("hadamard_kernel");
 }
 
 void add(const float* a, const float* b, float* y, int64_t n, Stream stream) {
   if (n <= 0) return;
-  add_kernel<<<grid_for(n, 256), 256, 0, stream>>>(a, b, y, n);
+  DSV4_LAUNCH(grid_for(n, 256), 256, 0, stream, add_kernel)(a, b, y, n);
   DSV4_CUDA_LAUNCHED("add_kernel");
 }
 

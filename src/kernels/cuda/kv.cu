@@ -74,7 +74,7 @@ void kv_encode(const float* v, int64_t rows, int64_t ldv, int64_t dim, int64_t r
                Stream stream) {
   check_kv("kv_encode", dim, rope, stride);
   if (rows <= 0) return;
-  kv_encode_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(v, rows, ldv, static_cast<int>(dim - rope),
+  DSV4_LAUNCH(static_cast<unsigned>(rows), 128, 0, stream, kv_encode_kernel)(v, rows, ldv, static_cast<int>(dim - rope),
                                                                     static_cast<int>(rope), out, stride, nullptr, 0);
   DSV4_CUDA_LAUNCHED("kv_encode_kernel");
 }
@@ -84,7 +84,7 @@ void kv_encode_ring(const float* kv, int64_t T, int64_t ldv, int64_t dim, int64_
   check_kv("kv_encode_ring", dim, rope, stride);
   if (window <= 0) bad_arg("kv_encode_ring", "window must be positive");
   if (T <= 0) return;
-  kv_encode_kernel<<<static_cast<unsigned>(T), 128, 0, stream>>>(kv, T, ldv, static_cast<int>(dim - rope),
+  DSV4_LAUNCH(static_cast<unsigned>(T), 128, 0, stream, kv_encode_kernel)(kv, T, ldv, static_cast<int>(dim - rope),
                                                                  static_cast<int>(rope), ring, stride, pos, window);
   DSV4_CUDA_LAUNCHED("kv_encode_kernel(ring)");
 }
@@ -93,7 +93,7 @@ void kv_decode(const uint8_t* in, int64_t rows, int64_t stride, int64_t dim, int
                Stream stream) {
   check_kv("kv_decode", dim, rope, stride);
   if (rows <= 0) return;
-  kv_decode_kernel<<<grid_for(rows * dim, 256), 256, 0, stream>>>(in, rows, stride, static_cast<int>(dim - rope),
+  DSV4_LAUNCH(grid_for(rows * dim, 256), 256, 0, stream, kv_decode_kernel)(in, rows, stride, static_cast<int>(dim - rope),
                                                                   static_cast<int>(dim), v, ldv);
   DSV4_CUDA_LAUNCHED("kv_decode_kernel");
 }
@@ -101,14 +101,14 @@ void kv_decode(const uint8_t* in, int64_t rows, int64_t stride, int64_t dim, int
 void fp4_encode(const float* v, int64_t rows, int64_t ldv, int64_t dim, uint8_t* out, int64_t stride, Stream stream) {
   check_fp4("fp4_encode", dim, stride);
   if (rows <= 0) return;
-  fp4_encode_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(v, ldv, static_cast<int>(dim), out, stride);
+  DSV4_LAUNCH(static_cast<unsigned>(rows), 128, 0, stream, fp4_encode_kernel)(v, ldv, static_cast<int>(dim), out, stride);
   DSV4_CUDA_LAUNCHED("fp4_encode_kernel");
 }
 
 void fp4_decode(const uint8_t* in, int64_t rows, int64_t stride, int64_t dim, float* v, int64_t ldv, Stream stream) {
   check_fp4("fp4_decode", dim, stride);
   if (rows <= 0) return;
-  fp4_decode_kernel<<<grid_for(rows * dim, 256), 256, 0, stream>>>(in, rows, stride, static_cast<int>(dim), v, ldv);
+  DSV4_LAUNCH(grid_for(rows * dim, 256), 256, 0, stream, fp4_decode_kernel)(in, rows, stride, static_cast<int>(dim), v, ldv);
   DSV4_CUDA_LAUNCHED("fp4_decode_kernel");
 }
 

@@ -110,7 +110,7 @@ void hc_pre(const DeviceHcMix& mix, const float* X, int64_t T, int64_t hc, int64
   check_hc("hc_pre", mix, M, hc, D);
   if (T <= 0) return;
   qmatmul(f32_view(mix.fn.as<float>(), M, hc * D, hc * D), 0, M, X, hc * D, T, mixes, M, stream);
-  hc_pre_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(X, hc, D, sinkhorn_iters, eps, static_cast<float>(hc_eps),
+  DSV4_LAUNCH(static_cast<unsigned>(T), 256, 0, stream, hc_pre_kernel)(X, hc, D, sinkhorn_iters, eps, static_cast<float>(hc_eps),
                                                                mixes, mix.base.as<float>(), mix.scale.as<float>(), x,
                                                                post, comb);
   DSV4_CUDA_LAUNCHED("hc_pre_kernel");
@@ -120,7 +120,7 @@ void hc_post(const float* f, const float* post, const float* comb, float* X, int
              Stream stream) {
   if (hc <= 0 || hc > kMaxHc) bad_arg("hc_post", "hc must be in [1, 16]");
   if (T <= 0) return;
-  hc_post_kernel<<<grid_for(T * D, 256), 256, 0, stream>>>(f, post, comb, X, T, hc, D);
+  DSV4_LAUNCH(grid_for(T * D, 256), 256, 0, stream, hc_post_kernel)(f, post, comb, X, T, hc, D);
   DSV4_CUDA_LAUNCHED("hc_post_kernel");
 }
 
@@ -129,7 +129,7 @@ void hc_head(const DeviceHcMix& head, const float* X, int64_t T, int64_t hc, int
   check_hc("hc_head", head, hc, hc, D);
   if (T <= 0) return;
   qmatmul(f32_view(head.fn.as<float>(), hc, hc * D, hc * D), 0, hc, X, hc * D, T, mixes, hc, stream);
-  hc_head_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(X, hc, D, eps, static_cast<float>(hc_eps), mixes,
+  DSV4_LAUNCH(static_cast<unsigned>(T), 256, 0, stream, hc_head_kernel)(X, hc, D, eps, static_cast<float>(hc_eps), mixes,
                                                                head.base.as<float>(), head.scale.as<float>(), y);
   DSV4_CUDA_LAUNCHED("hc_head_kernel");
 }

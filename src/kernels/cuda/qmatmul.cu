@@ -227,14 +227,14 @@ void launch(const WeightView& w, int64_t r0, int64_t r1, const float* x, int64_t
   if (T <= qmatmul_gemv_max_tokens()) {
     const unsigned grid = static_cast<unsigned>(ceil_div(n, kGemvWarps * kGemvRows));
     const int threads = kGemvWarps * 32;
-    if (T == 1) qgemv_kernel<F, 1><<<grid, threads, 0, s>>>(w, r0, r1, x, ldx, T, y, ldy);
-    else if (T == 2) qgemv_kernel<F, 2><<<grid, threads, 0, s>>>(w, r0, r1, x, ldx, T, y, ldy);
-    else if (T <= 4) qgemv_kernel<F, 4><<<grid, threads, 0, s>>>(w, r0, r1, x, ldx, T, y, ldy);
-    else qgemv_kernel<F, 8><<<grid, threads, 0, s>>>(w, r0, r1, x, ldx, T, y, ldy);
+    if (T == 1) DSV4_LAUNCH(grid, threads, 0, s, qgemv_kernel<F, 1>)(w, r0, r1, x, ldx, T, y, ldy);
+    else if (T == 2) DSV4_LAUNCH(grid, threads, 0, s, qgemv_kernel<F, 2>)(w, r0, r1, x, ldx, T, y, ldy);
+    else if (T <= 4) DSV4_LAUNCH(grid, threads, 0, s, qgemv_kernel<F, 4>)(w, r0, r1, x, ldx, T, y, ldy);
+    else DSV4_LAUNCH(grid, threads, 0, s, qgemv_kernel<F, 8>)(w, r0, r1, x, ldx, T, y, ldy);
     DSV4_CUDA_LAUNCHED("qgemv_kernel");
   } else {
     const dim3 grid(static_cast<unsigned>(ceil_div(n, kBR)), static_cast<unsigned>(ceil_div(T, kBT)));
-    qgemm_kernel<F><<<grid, 256, 0, s>>>(w, r0, r1, x, ldx, T, y, ldy);
+    DSV4_LAUNCH(grid, 256, 0, s, qgemm_kernel<F>)(w, r0, r1, x, ldx, T, y, ldy);
     DSV4_CUDA_LAUNCHED("qgemm_kernel");
   }
 }

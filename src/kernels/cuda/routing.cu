@@ -10,7 +10,7 @@ constexpr int kMaxK = 32;
 __global__ void route_kernel(const float* __restrict__ logits, int64_t E, int k, const float* __restrict__ bias,
                              const int32_t* __restrict__ tid2eid, const int32_t* __restrict__ tokens, float scale,
                              int32_t* ids, float* weights) {
-  extern __shared__ float rs[];
+  DSV4_EXTERN_SHARED(float, rs);
   float* a = rs;
   float* biased = rs + E;
   unsigned char* taken = reinterpret_cast<unsigned char*>(rs + 2 * E);
@@ -61,7 +61,7 @@ void route(const float* logits, int64_t T, int64_t E, int64_t k, const float* bi
   if (T <= 0) return;
   const size_t smem = static_cast<size_t>(E) * (2 * sizeof(float) + 1);
   if (smem > 48 * 1024) bad_arg("route", "too many experts for one block");
-  route_kernel<<<static_cast<unsigned>(T), 256, smem, stream>>>(logits, E, static_cast<int>(k), bias, tid2eid, tokens,
+  DSV4_LAUNCH(static_cast<unsigned>(T), 256, smem, stream, route_kernel)(logits, E, static_cast<int>(k), bias, tid2eid, tokens,
                                                                static_cast<float>(scale), ids, weights);
   DSV4_CUDA_LAUNCHED("route_kernel");
 }

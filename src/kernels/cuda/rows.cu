@@ -41,7 +41,7 @@ void gather_rows(const float* x, int64_t ldx, const int32_t* idx, int64_t n, int
                  Stream stream) {
   if (n < 0 || cols < 0 || ldx < cols || ldy < cols) bad_arg("gather_rows", "bad shape");
   if (n == 0 || cols == 0) return;
-  gather_rows_kernel<<<grid_for(n * cols, 256), 256, 0, stream>>>(x, ldx, idx, n, cols, y, ldy);
+  DSV4_LAUNCH(grid_for(n * cols, 256), 256, 0, stream, gather_rows_kernel)(x, ldx, idx, n, cols, y, ldy);
   DSV4_CUDA_LAUNCHED("gather_rows_kernel");
 }
 
@@ -49,13 +49,13 @@ void scatter_add_rows(const float* y, int64_t ldy, const int32_t* idx, int64_t n
                       Stream stream) {
   if (n < 0 || cols < 0 || ldy < cols || ldo < cols) bad_arg("scatter_add_rows", "bad shape");
   if (n == 0 || cols == 0) return;
-  scatter_add_rows_kernel<<<grid_for(n * cols, 256), 256, 0, stream>>>(y, ldy, idx, n, cols, out, ldo);
+  DSV4_LAUNCH(grid_for(n * cols, 256), 256, 0, stream, scatter_add_rows_kernel)(y, ldy, idx, n, cols, out, ldo);
   DSV4_CUDA_LAUNCHED("scatter_add_rows_kernel");
 }
 
 void scale(float* x, int64_t n, float s, Stream stream) {
   if (n <= 0) return;
-  scale_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, n, s);
+  DSV4_LAUNCH(grid_for(n, 256), 256, 0, stream, scale_kernel)(x, n, s);
   DSV4_CUDA_LAUNCHED("scale_kernel");
 }
 

@@ -22,7 +22,7 @@ __global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int64_t ld
 void argmax_rows(const float* x, int64_t rows, int64_t n, int64_t ld, int32_t* out, Stream stream) {
   if (n <= 0 || n > 0x7FFFFFFF) bad_arg("argmax_rows", "n must be in [1, 2^31)");
   if (rows <= 0) return;
-  argmax_kernel<<<static_cast<unsigned>(rows), 1024, 0, stream>>>(x, n, ld, out);
+  DSV4_LAUNCH(static_cast<unsigned>(rows), 1024, 0, stream, argmax_kernel)(x, n, ld, out);
   DSV4_CUDA_LAUNCHED("argmax_kernel");
 }
 
