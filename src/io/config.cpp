@@ -10,10 +10,13 @@ namespace dsv4 {
 using nlohmann::json;
 
 std::string ModelConfig::layer_kind(int64_t layer) const {
-  int64_t c = ratio(layer);
-  if (c == 0) return "window";
-  if (c == 4) return "CSA(4)";
-  return "HCA(" + std::to_string(c) + ")";
+  const int64_t c = ratio(layer);
+  switch (kind(layer)) {
+    case LayerKind::Window: return "window";
+    case LayerKind::CSA: return "CSA(" + std::to_string(c) + ")";
+    case LayerKind::HCA: return "HCA(" + std::to_string(c) + ")";
+  }
+  return "?";
 }
 
 namespace {
@@ -95,7 +98,7 @@ void validate(const ModelConfig& c, const std::string& w) {
   for (size_t i = 0; i < c.compress_ratios.size(); ++i) {
     int64_t r = c.compress_ratios[i];
     require(r >= 0 && (r == 0 || r >= 2), w, "compress_ratios[" + std::to_string(i) + "] must be 0 or >= 2, got " + std::to_string(r));
-    any_csa |= r == 4;
+    any_csa |= ModelConfig::kind_of_ratio(r) == LayerKind::CSA;
   }
   if (any_csa) {
     pos(c.index_heads, "index_n_heads");

@@ -36,7 +36,7 @@ struct AttentionW {
   QWeight wq_a, wq_b, wkv, wo_a, wo_b;
   std::vector<float> q_norm, kv_norm, sink;
   std::optional<CompressorW> comp;  // ratio > 0
-  std::optional<IndexerW> indexer;  // ratio == 4
+  std::optional<IndexerW> indexer;  // LayerKind::CSA
 };
 
 struct ExpertW {

@@ -228,7 +228,7 @@ CudaBackend::CudaBackend(const ModelWeights& w, const CudaOptions& o) : c_(w.cfg
     d.kv_norm = dev.take(A.kv_norm);
     d.sink = dev.take(A.sink);
     if (L.ratio > 0) d.comp = upload_compressor(dev, *A.comp);
-    if (L.ratio == 4) {
+    if (L.kind() == LayerKind::CSA) {
       d.index_comp = upload_compressor(dev, A.indexer->comp);
       d.index_wq_b = dev.take(A.indexer->wq_b);
       d.index_proj = dev.take(A.indexer->weights_proj);
@@ -303,7 +303,7 @@ SequenceState CudaBackend::new_sequence() const {
       s.entries.fill_zero();
       s.comp_a.fill_zero();
       s.comp_s.fill_zero();
-      if (ratio == 4) {
+      if (ModelConfig::kind_of_ratio(ratio) == LayerKind::CSA) {
         s.index_keys = bytes(cap * static_cast<int64_t>(ikb_));
         s.index_comp_a = floats(rows * layers_[l].index_comp->width);
         s.index_comp_s = floats(rows * layers_[l].index_comp->width);
@@ -405,6 +405,7 @@ void CudaBackend::attention(int64_t l, Step& s) {
   DevLayerState& S = sequence(*s.plan->seqs[0].st).layers[l];
   const int64_t T = s.T, H = c.n_heads, d = c.head_dim, W = c.window, Qr = c.q_lora, r = c.rope_dim;
   const int64_t HI = c.index_heads, dI = c.index_dim, ratio = L.ratio;
+  const bool csa = ModelConfig::kind_of_ratio(ratio) == LayerKind::CSA;
   const double eps = static_cast<float>(c.eps);  // the CPU rounds this eps to float
   const int32_t* pos = ws_.pos.as<int32_t>();
   const float* freq = L.freq.as<float>();
@@ -425,13 +426,13 @@ void CudaBackend::attention(int64_t l, Step& s) {
   // Compressed entries for blocks closing in this chunk (visible to later queries of the chunk).
   if (ratio > 0)
     run_compressor(*L.comp, false, d, ratio, freq, s, S.entries.as<uint8_t>(), static_cast<int64_t>(kvb_), S.comp_a, S.comp_s);
-  if (ratio == 4)
+  if (csa)
     run_compressor(*L.index_comp, true, dI, ratio, freq, s, S.index_keys.as<uint8_t>(), static_cast<int64_t>(ikb_),
                    S.index_comp_a, S.index_comp_s);
 
   // CSA: indexer queries and head weights, scores over the visible entries, top-k per query.
-  const int64_t n_ent = ratio == 4 ? (s.plan->seqs[0].p0 + T) / ratio : 0;  // entries closed by the chunk's end
-  if (ratio == 4) {
+  const int64_t n_ent = csa ? (s.plan->seqs[0].p0 + T) / ratio : 0;  // entries closed by the chunk's end
+  if (csa) {
     float *qi = ws_.qi.as<float>(), *wi = ws_.wi.as<float>();
     gpu::qmatmul(L.index_wq_b, qr, T, qi);
     gpu::rope(qi, T * HI, dI, dI, freq, r, pos, HI, false);
