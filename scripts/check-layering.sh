@@ -39,5 +39,14 @@ for dir in "${!allowed[@]}"; do
     fi
   done < <(grep -rHn '#include "' "$dir" || true)
 done
+# The public headers apps see (engine/, tools/, text/) must not bring tensors, weights,
+# backends or kernels in with them.
+while IFS= read -r line; do
+  inc=$(sed -E 's/.*#include "([^"]+)".*/\1/' <<<"$line")
+  case "$inc" in
+    engine/*|tools/*|text/*|core/error.h|model/rows.h|io/config.h) ;;
+    *) echo "layering: public header ${line%%:*} includes \"$inc\" (apps would see it)"; bad=1 ;;
+  esac
+done < <(grep -Hn '#include "' src/engine/*.h src/tools/*.h src/text/*.h || true)
 [ $bad = 0 ] && echo "layering: every include points down"
 exit $bad

@@ -33,6 +33,12 @@ double peak_rss_mb() {
   return static_cast<double>(ru.ru_maxrss) / 1024.0;
 }
 
+std::vector<BenchProfileRow> take_profile() {
+  std::vector<BenchProfileRow> out;
+  for (const MatmulProfileRow& p : take_matmul_profile()) out.push_back({p.what, p.calls, p.seconds, p.weight_bytes, p.flops});
+  return out;
+}
+
 // The bandwidth probe's buffer must not count as the model's memory: reset the high-water mark.
 void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
@@ -89,7 +95,7 @@ BenchResult run_bench(const BenchOptions& o) {
   std::vector<StepResult> res = engine.step({{&seq, prompt, Rows::Last}});  // as generation does
   double prefill_s = seconds_since(t0);
   MatmulCounters mid = matmul_counters();
-  if (profile) r.prefill_profile = take_matmul_profile();
+  if (profile) r.prefill_profile = take_profile();
   r.prefill_tok_s = static_cast<double>(o.prompt_len) / prefill_s;
   r.prefill_flops_per_token = static_cast<double>(mid.flops - before.flops) / static_cast<double>(o.prompt_len);
   auto argmax = [V](const float* l) { return static_cast<int32_t>(std::max_element(l, l + V) - l); };
@@ -129,7 +135,7 @@ BenchResult run_bench(const BenchOptions& o) {
   }
   MatmulCounters after = matmul_counters();
   (void)after;
-  if (profile) r.decode_profile = take_matmul_profile();
+  if (profile) r.decode_profile = take_profile();
   set_matmul_profiling(false);
   r.prefill_s = prefill_s;
   r.peak_rss_mb = peak_rss_mb();
@@ -152,17 +158,17 @@ BenchResult run_bench(const BenchOptions& o) {
 namespace {
 
 // Rows of a phase's profile and the time outside matmul ("other").
-double matmul_seconds(const std::vector<MatmulProfileRow>& rows) {
+double matmul_seconds(const std::vector<BenchProfileRow>& rows) {
   double t = 0;
-  for (const MatmulProfileRow& p : rows) t += p.seconds;
+  for (const BenchProfileRow& p : rows) t += p.seconds;
   return t;
 }
 
-std::string profile_json(const std::vector<MatmulProfileRow>& rows, double total_s) {
+std::string profile_json(const std::vector<BenchProfileRow>& rows, double total_s) {
   std::string out = "{\"matmul\": [";
   char buf[256];
   for (size_t i = 0; i < rows.size(); ++i) {
-    const MatmulProfileRow& p = rows[i];
+    const BenchProfileRow& p = rows[i];
     std::snprintf(buf, sizeof buf, "%s{\"what\": \"%s\", \"calls\": %lld, \"ms\": %.4g, \"gb_s\": %.4g, \"gflop_s\": %.4g}",
                   i ? ", " : "", p.what.c_str(), static_cast<long long>(p.calls), 1e3 * p.seconds,
                   static_cast<double>(p.weight_bytes) / p.seconds / 1e9, static_cast<double>(p.flops) / p.seconds / 1e9);
@@ -172,13 +178,13 @@ std::string profile_json(const std::vector<MatmulProfileRow>& rows, double total
   return out + buf;
 }
 
-std::string profile_table(const char* phase, const std::vector<MatmulProfileRow>& rows, double total_s) {
+std::string profile_table(const char* phase, const std::vector<BenchProfileRow>& rows, double total_s) {
   std::string out;
   char buf[256];
   std::snprintf(buf, sizeof buf, "%s: time inside matmul by weight (%.0f ms in all)\n  %-36s %6s %9s %6s %8s %9s\n", phase,
                 1e3 * total_s, "weight", "calls", "ms", "share", "GB/s", "GFLOP/s");
   out += buf;
-  for (const MatmulProfileRow& p : rows) {
+  for (const BenchProfileRow& p : rows) {
     std::snprintf(buf, sizeof buf, "  %-36s %6lld %9.1f %5.1f%% %8.2f %9.1f\n", p.what.c_str(), static_cast<long long>(p.calls),
                   1e3 * p.seconds, 100 * p.seconds / total_s, static_cast<double>(p.weight_bytes) / p.seconds / 1e9,
                   static_cast<double>(p.flops) / p.seconds / 1e9);

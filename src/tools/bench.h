@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/ops.h"
 #include "engine/engine.h"
 
 namespace dsv4 {
@@ -26,6 +25,14 @@ struct BenchOptions {
   std::vector<int64_t> batches = {1};
   // CPU: also time every matmul by weight format and shape (two clock reads per call).
   bool profile = false;
+};
+
+// Time inside matmul for one weight format and shape (`--profile`).
+struct BenchProfileRow {
+  std::string what;  // e.g. "FP8Block 32768x1024 T=1"
+  int64_t calls = 0;
+  double seconds = 0;
+  uint64_t weight_bytes = 0, flops = 0;
 };
 
 struct BenchResult {
@@ -50,7 +57,7 @@ struct BenchResult {
   };
   std::vector<BatchRow> batch_rows;
   // With BenchOptions::profile: time inside matmul per weight and shape, per phase.
-  std::vector<MatmulProfileRow> prefill_profile, decode_profile;
+  std::vector<BenchProfileRow> prefill_profile, decode_profile;
 };
 
 BenchResult run_bench(const BenchOptions& o);
