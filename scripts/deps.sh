@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs, only those missing. Safe to run repeatedly.
 set -euo pipefail
-# clang + its runtime: the libFuzzer tier (scripts/fuzz.sh).
-pkgs=(cmake g++ make libgtest-dev nlohmann-json3-dev clang libclang-rt-14-dev)
+# clang + its runtime: the libFuzzer tier (scripts/fuzz.sh); python3 (standard library only):
+# scripts/compare-logits.py in the emulated-CLI golden tests.
+pkgs=(cmake g++ make libgtest-dev nlohmann-json3-dev clang libclang-rt-14-dev python3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
