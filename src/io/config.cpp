@@ -9,11 +9,13 @@ namespace dsv4 {
 
 using nlohmann::json;
 
-std::string ModelConfig::layer_kind(int64_t layer) const {
-  int64_t c = ratio(layer);
-  if (c == 0) return "window";
-  if (c == 4) return "CSA(4)";
-  return "HCA(" + std::to_string(c) + ")";
+std::string ModelConfig::kind_name(int64_t ratio) {
+  switch (kind_of_ratio(ratio)) {
+    case LayerKind::Window: return "window";
+    case LayerKind::CSA: return "CSA(" + std::to_string(ratio) + ")";
+    case LayerKind::HCA: return "HCA(" + std::to_string(ratio) + ")";
+  }
+  return "?";
 }
 
 namespace {

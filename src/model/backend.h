@@ -85,8 +85,6 @@ struct VecOps {
   QuantSim sim = QuantSim::None;
 };
 
-// Which of a layer's compressors: the one making KV entries (CSA / HCA) or the indexer's keys (CSA).
-enum class Comp { Kv, Index };
 // Feeds one sequence's compressor rows (a = wkv.x, g = wgate.x: rows of the step [T, width])
 // into its state and appends the entries (Kv) or indexer keys (Index) of the blocks that close
 // in its rows, so its later queries of the step see them.

@@ -26,6 +26,9 @@ struct CompressorW {
   std::vector<float> norm;                   // [out_dim]
 };
 
+// Which of a layer's compressors: the one making KV entries (CSA / HCA) or the indexer's keys (CSA).
+enum class Comp { Kv, Index };
+
 struct IndexerW {
   QWeight wq_b;          // [HI*dI, Qr]
   QWeight weights_proj;  // [HI, D]

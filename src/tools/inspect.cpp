@@ -40,7 +40,7 @@ std::string inspect_model(const std::string& dir) {
   for (const auto& [ratio, _] : kinds) {
     CacheCost k = layer_cache_cost(c, ratio);
     P("  %-9s %8.1f bytes/token + %zu bytes fixed (window ring, compressor rows)\n",
-                ratio == 0 ? "window" : ratio == 4 ? "CSA(4)" : ("HCA(" + std::to_string(ratio) + ")").c_str(), k.bytes_per_token,
+                ModelConfig::kind_name(ratio).c_str(), k.bytes_per_token,
                 k.fixed_bytes);
   }
   std::map<std::string, std::pair<size_t, size_t>> by_dtype;

@@ -250,7 +250,7 @@ void CpuBackend::compress(Step&, const CompressFeed& f) {
   const int64_t width = cw.coff * cw.out_dim, dout = cw.out_dim;
   std::vector<float> fresh;
   const int64_t added = compress_feed(c, cw, index ? ls.index_comp : ls.comp, rope_[f.layer], f.a + q.t0 * width,
-                                      f.g + q.t0 * width, q.n, q.p0, index, fresh);
+                                      f.g + q.t0 * width, q.n, q.p0, f.which, fresh);
   for (int64_t i = 0; i < added; ++i) {
     if (index) {
       ls.index.encode(fresh.data() + i * dout, ls.index_keys.append());
@@ -331,7 +331,7 @@ void CpuBackend::attend(Step&, const Attend& a) {
         const int64_t row = qs.t0 + t0 + b;
         top[b].assign(a.sel + row * K, a.sel + row * K + a.sel_n[row]);
       } else {
-        const int64_t vis = ratio > 0 ? (pos0 + b + 1) / ratio : 0;  // entries whose block has closed
+        const int64_t vis = kind != LayerKind::Window ? (pos0 + b + 1) / ratio : 0;  // entries whose block has closed
         top[b].resize(static_cast<size_t>(vis));
         for (int64_t i = 0; i < vis; ++i) top[b][i] = static_cast<int32_t>(i);
       }
@@ -365,7 +365,7 @@ void CpuBackend::attend(Step&, const Attend& a) {
     // (decode) uses the union as its keys and spreads its heads over the pool; a larger block
     // runs whole queries in parallel, each gathering its keys on its thread (the gathers and
     // the many small products were serial, or one pool job each). Same bits either way.
-    auto attend_query = [&](int64_t b, bool on_pool, std::vector<float>& pb, std::vector<float>& kb) {
+    auto attend_query = [&](int64_t b, RunOn where, std::vector<float>& pb, std::vector<float>& kb) {
       const int64_t pos = pos0 + b, first = std::max<int64_t>(0, pos - W + 1);
       const int64_t n = pos - first + 1 + static_cast<int64_t>(top[b].size());
       const bool own = B == 1;
@@ -380,14 +380,14 @@ void CpuBackend::attend(Step&, const Attend& a) {
       for (int64_t k = first; k <= pos; ++k) take(k - first0);
       for (int32_t e : top[b]) take(slot[e]);
       count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));  // this query's scores
-      attend_scores(pb.data(), H, own ? uk.data() : kb.data(), n, d, L.attn.sink.data(), scale, o + (t0 + b) * H * d, on_pool);
+      attend_scores(pb.data(), H, own ? uk.data() : kb.data(), n, d, L.attn.sink.data(), scale, o + (t0 + b) * H * d, where);
     };
     if (B == 1) {
-      attend_query(0, /*on_pool=*/true, p, keys);
+      attend_query(0, RunOn::Pool, p, keys);
     } else {
       thread_pool().parallel_for(B, [&](int64_t bb, int64_t be) {
         thread_local std::vector<float> pb, kb;
-        for (int64_t b = bb; b < be; ++b) attend_query(b, /*on_pool=*/false, pb, kb);
+        for (int64_t b = bb; b < be; ++b) attend_query(b, RunOn::Caller, pb, kb);
       }, static_cast<int>(B));
     }
   }

@@ -93,7 +93,6 @@ class DeviceTensors {
 
 // What a layer keeps on the device besides its tensors: its RoPE table and its mixers.
 struct DevLayer {
-  LayerKind kind = LayerKind::Window;
   DeviceBuffer freq;  // the layer's RoPE table
   gpu::DeviceHcMix hc_attn, hc_ffn;
 };
@@ -196,7 +195,6 @@ CudaBackend::CudaBackend(const ModelWeights& w, const CudaOptions& o) : w_(w), c
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerW& L = w.layers[l];
     DevLayer d;
-    d.kind = L.kind();
     d.freq = upload(layer_rope(c, l).freq, "rope freq");
     d.hc_attn = dev_.take(L.hc_attn, M, width);
     d.hc_ffn = dev_.take(L.hc_ffn, M, width);
