@@ -213,6 +213,8 @@ class CpuBackend final : public Backend {
   void logits(Step& s, int64_t nt, float* out) override { dsv4::matmul(w_.head, s.x, nt, out); }
 
  private:
+  void block_entries(const Attend& a, const LayerW& L, int64_t row0, int64_t pos0, int64_t B, std::vector<std::vector<int32_t>>& top,
+                     std::vector<int32_t>& uni) const;
   void check_mine(const SequenceState& st) const {
     const size_t want = static_cast<size_t>(w_.cfg.n_layers + (w_.mtp ? 1 : 0));
     if (st.layers.size() != want || st.device) throw Error("sequence state does not belong to this model", ErrorKind::Internal);
@@ -279,6 +281,31 @@ void CpuBackend::index_topk(Step& s, const IndexTopk& k) {
   }
 }
 
+// The compressed entries each of the B queries from step row `row0` (position pos0) reads, in
+// its order: the indexer's top-k (CSA), else every entry whose block has closed; `uni` gets
+// their union, sorted, or (a block of one query: decode) as the query's own order.
+void CpuBackend::block_entries(const Attend& a, const LayerW& L, int64_t row0, int64_t pos0, int64_t B,
+                               std::vector<std::vector<int32_t>>& top, std::vector<int32_t>& uni) const {
+  const int64_t K = w_.cfg.index_topk;
+  top.assign(static_cast<size_t>(B), {});
+  uni.clear();
+  for (int64_t b = 0; b < B; ++b) {
+    if (a.sel) {
+      const int64_t row = row0 + b;
+      top[b].assign(a.sel + row * K, a.sel + row * K + a.sel_n[row]);
+    } else {
+      const int64_t vis = L.kind() != LayerKind::Window ? (pos0 + b + 1) / L.ratio : 0;
+      top[b].resize(static_cast<size_t>(vis));
+      for (int64_t i = 0; i < vis; ++i) top[b][i] = static_cast<int32_t>(i);
+    }
+    uni.insert(uni.end(), top[b].begin(), top[b].end());
+  }
+  if (B > 1) {
+    std::sort(uni.begin(), uni.end());
+    uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
+  }
+}
+
 // One sequence's queries (rows q.t0 .. q.t0 + q.n of the step, at positions q.p0..) over its
 // window and compressed entries; writes their heads to out and its window ring.
 void CpuBackend::attend(Step&, const Attend& a) {
@@ -286,8 +313,7 @@ void CpuBackend::attend(Step&, const Attend& a) {
   const LayerW& L = w_.layer(a.layer);
   const StepSeq& qs = *a.seq;
   LayerState& ls = qs.st->layers[a.layer];
-  const int64_t H = c.n_heads, d = c.head_dim, W = c.window, T = qs.n, p0 = qs.p0, K = c.index_topk;
-  const int64_t ratio = L.ratio;
+  const int64_t H = c.n_heads, d = c.head_dim, W = c.window, T = qs.n, p0 = qs.p0;
   const LayerKind kind = L.kind();
   const int64_t n_entries = ls.entries.size();
   const float* qv = a.q + qs.t0 * H * d;
@@ -324,24 +350,7 @@ void CpuBackend::attend(Step&, const Attend& a) {
     const int64_t B = std::min(kQueryBlock, T - t0), BH = B * H;
     const int64_t pos0 = p0 + t0, last = pos0 + B - 1;
     const int64_t first0 = std::max<int64_t>(0, pos0 - W + 1), nwin = last - first0 + 1;
-    top.assign(static_cast<size_t>(B), {});
-    uni.clear();
-    for (int64_t b = 0; b < B; ++b) {
-      if (a.sel) {
-        const int64_t row = qs.t0 + t0 + b;
-        top[b].assign(a.sel + row * K, a.sel + row * K + a.sel_n[row]);
-      } else {
-        const int64_t vis = kind != LayerKind::Window ? (pos0 + b + 1) / ratio : 0;  // entries whose block has closed
-        top[b].resize(static_cast<size_t>(vis));
-        for (int64_t i = 0; i < vis; ++i) top[b][i] = static_cast<int32_t>(i);
-      }
-      uni.insert(uni.end(), top[b].begin(), top[b].end());
-    }
-    // A block of one query (decode) keeps its own order, so its keys are the union as built.
-    if (B > 1) {
-      std::sort(uni.begin(), uni.end());
-      uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
-    }
+    block_entries(a, L, qs.t0 + t0, pos0, B, top, uni);
     // The union's keys: the block's window positions, then its entries.
     const int64_t nu = nwin + static_cast<int64_t>(uni.size());
     uk.resize(static_cast<size_t>(nu * d));
