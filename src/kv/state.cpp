@@ -72,7 +72,8 @@ SequenceState fork_host_state(const SequenceState& st) {
   return out;
 }
 
-void truncate_host_state(SequenceState& st, int64_t n_layers, int64_t pos, bool mtp) {
+void truncate_host_state(SequenceState& st, int64_t n_layers, int64_t pos, Stack stack) {
+  const bool mtp = stack == Stack::Mtp;
   int64_t& cur = mtp ? st.mtp_pos : st.pos;
   DSV4_CHECK_MSG(pos >= 0 && pos <= cur && cur - pos <= kRewind,
                  "truncate from " + std::to_string(cur) + " to " + std::to_string(pos));

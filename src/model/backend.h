@@ -31,10 +31,6 @@ struct StepSeq {
   int64_t t0 = 0, n = 0, p0 = 0;
 };
 
-// Which stack a step runs: the main layers, or the MTP block (layer index n_layers, its own
-// state in SequenceState::layers[n_layers] and positions in mtp_pos).
-enum class Stack { Main, Mtp };
-
 // What the host asks of a step (built by Model, validated by the engine).
 struct StepPlan {
   Stack stack = Stack::Main;

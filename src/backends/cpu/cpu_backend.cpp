@@ -63,7 +63,7 @@ class CpuBackend final : public Backend {
   }
   void truncate(SequenceState& st, int64_t pos, Stack stack) const override {
     check_mine(st);
-    truncate_host_state(st, w_.cfg.n_layers, pos, stack == Stack::Mtp);
+    truncate_host_state(st, w_.cfg.n_layers, pos, stack);
   }
 
   Step begin(const StepPlan& plan) override {
