@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "core/arena.h"
 #include "core/error.h"
@@ -23,8 +22,9 @@ namespace dsv4 {
 namespace {
 
 // Activations live in the calling thread's arena (core/arena.h): the step's buffers in the
-// Scope Model::step holds, the temporaries of attention and MoE in one Scope per call and per
-// expert, so after the first chunk no step maps fresh memory. raw(): not zero-filled, for
+// Scope Model::step holds, the sublayers' temporaries (Backend::tmp) in the Scope each
+// sublayer and each expert holds (model/attention_layer.cpp, moe_layer.cpp), an op's own
+// scratch in a Scope of the op, so after the first chunk no step maps fresh memory. raw(): not zero-filled, for
 // buffers written in full (or, like the window ring, read only where written); buffers that
 // are accumulated into are cleared where they are used.
 using Buf = Floats;
