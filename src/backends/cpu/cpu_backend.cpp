@@ -213,8 +213,8 @@ class CpuBackend final : public Backend {
   void logits(Step& s, int64_t nt, float* out) override { dsv4::matmul(w_.head, s.x, nt, out); }
 
  private:
-  void block_entries(const Attend& a, const LayerW& L, int64_t row0, int64_t pos0, int64_t B, std::vector<std::vector<int32_t>>& top,
-                     std::vector<int32_t>& uni) const;
+  void block_entries(const Attend& a, const LayerW& L, int64_t row0, int64_t pos0, int64_t B,
+                     std::vector<std::vector<int32_t>>& top, std::vector<int32_t>& uni) const;
   void check_mine(const SequenceState& st) const {
     const size_t want = static_cast<size_t>(w_.cfg.n_layers + (w_.mtp ? 1 : 0));
     if (st.layers.size() != want || st.device) throw Error("sequence state does not belong to this model", ErrorKind::Internal);

@@ -460,8 +460,10 @@ void CudaBackend::route(Step& s, const Route& r) {
   const ModelConfig& c = c_;
   const int64_t Tk = s.T * c.n_active;
   const bool hash = r.by == RouteBy::Hash;
-  gpu::route(r.logits, s.T, c.n_experts, c.n_active, hash ? nullptr : dev_.data(r.w->bias), hash ? dev_.data(r.w->tid2eid) : nullptr,
-             ws_.tokens.as<int32_t>(), c.route_scale, ws_.ids.as<int32_t>(), ws_.wts.as<float>());
+  const float* bias = hash ? nullptr : dev_.data(r.w->bias);
+  const int32_t* table = hash ? dev_.data(r.w->tid2eid) : nullptr;
+  gpu::route(r.logits, s.T, c.n_experts, c.n_active, bias, table, ws_.tokens.as<int32_t>(), c.route_scale, ws_.ids.as<int32_t>(),
+             ws_.wts.as<float>());
   ws_.ids.download(r.ids, static_cast<size_t>(Tk) * sizeof(int32_t));
   ws_.wts.download(r.weights, static_cast<size_t>(Tk) * sizeof(float));
 }
