@@ -8,11 +8,40 @@
 
 namespace dsv4 {
 
+namespace {
+
+// A CSA layer's indexer inputs over all rows of the step: its compressor's rows, its queries
+// (from the query path's low-rank qr: RoPE, Hadamard, fp4 simulation) and head weights; and
+// room for each query's top-k selection.
+struct IndexerRows {
+  float *a = nullptr, *g = nullptr, *q = nullptr, *w = nullptr;
+  int32_t *sel = nullptr, *sel_n = nullptr;
+};
+
+IndexerRows indexer_rows(Backend& be, const ModelConfig& c, int64_t l, const IndexerW& ix, const float* qr, Backend::Step& s) {
+  const int64_t T = s.T, HI = c.index_heads, dI = c.index_dim, width = ix.comp.coff * ix.comp.out_dim;
+  IndexerRows r;
+  r.a = be.tmp(s, Tmp::IndexA, T * width);
+  r.g = be.tmp(s, Tmp::IndexG, T * width);
+  be.matmul(s, {&ix.comp.wkv, s.x, T, r.a});
+  be.matmul(s, {&ix.comp.wgate, s.x, T, r.g});
+  r.q = be.tmp(s, Tmp::IndexQ, T * HI * dI);
+  r.w = be.tmp(s, Tmp::IndexW, T * HI);
+  be.matmul(s, {&ix.wq_b, qr, T, r.q});
+  be.vec_ops(s, {.v = r.q, .heads = HI, .dim = dI, .rope = RopeDir::Forward, .layer = l, .sim = QuantSim::HadamardFp4});
+  be.matmul(s, {&ix.weights_proj, s.x, T, r.w});
+  be.scale(s, r.w, T * HI, static_cast<float>(1.0 / std::sqrt(static_cast<double>(dI)) / std::sqrt(static_cast<double>(HI))));
+  r.sel = be.tmp_ints(s, Tmp::Sel, T * std::max<int64_t>(c.index_topk, 1));
+  r.sel_n = be.tmp_ints(s, Tmp::SelN, T);
+  return r;
+}
+
+}  // namespace
+
 void attention_layer(Backend& be, const ModelConfig& c, int64_t l, const LayerW& L, Backend::Step& s) {
   const AttentionW& A = L.attn;
   const LayerKind kind = L.kind();
   const int64_t T = s.T, H = c.n_heads, d = c.head_dim, Qr = c.q_lora;
-  const int64_t HI = c.index_heads, dI = c.index_dim;
   const double eps = static_cast<float>(c.eps);  // attention's norms take eps rounded to float32
 
   // Projections run over all rows of the step (each weight read once); per-row stages take the
@@ -31,9 +60,8 @@ void attention_layer(Backend& be, const ModelConfig& c, int64_t l, const LayerW&
   be.vec_ops(s, {.v = kv, .dim = d, .norm = VecNorm::Rms, .weight = &A.kv_norm, .eps = eps, .rope = RopeDir::Forward,
                  .layer = l, .sim = QuantSim::Fp8});
 
-  // Compressor rows (CSA / HCA); CSA: the indexer's compressor rows, queries and head weights.
-  float *ca = nullptr, *cg = nullptr, *ia = nullptr, *ig = nullptr, *qi = nullptr, *wi = nullptr;
-  int32_t *sel = nullptr, *sel_n = nullptr;
+  // Compressor rows (CSA / HCA); CSA: the indexer's rows.
+  float *ca = nullptr, *cg = nullptr;
   if (kind != LayerKind::Window) {
     const int64_t width = A.comp->coff * A.comp->out_dim;
     ca = be.tmp(s, Tmp::CompA, T * width);
@@ -41,22 +69,7 @@ void attention_layer(Backend& be, const ModelConfig& c, int64_t l, const LayerW&
     be.matmul(s, {&A.comp->wkv, s.x, T, ca});
     be.matmul(s, {&A.comp->wgate, s.x, T, cg});
   }
-  if (kind == LayerKind::CSA) {
-    const IndexerW& ix = *A.indexer;
-    const int64_t width = ix.comp.coff * ix.comp.out_dim;
-    ia = be.tmp(s, Tmp::IndexA, T * width);
-    ig = be.tmp(s, Tmp::IndexG, T * width);
-    be.matmul(s, {&ix.comp.wkv, s.x, T, ia});
-    be.matmul(s, {&ix.comp.wgate, s.x, T, ig});
-    qi = be.tmp(s, Tmp::IndexQ, T * HI * dI);
-    wi = be.tmp(s, Tmp::IndexW, T * HI);
-    be.matmul(s, {&ix.wq_b, qr, T, qi});
-    be.vec_ops(s, {.v = qi, .heads = HI, .dim = dI, .rope = RopeDir::Forward, .layer = l, .sim = QuantSim::HadamardFp4});
-    be.matmul(s, {&ix.weights_proj, s.x, T, wi});
-    be.scale(s, wi, T * HI, static_cast<float>(1.0 / std::sqrt(static_cast<double>(dI)) / std::sqrt(static_cast<double>(HI))));
-    sel = be.tmp_ints(s, Tmp::Sel, T * std::max<int64_t>(c.index_topk, 1));
-    sel_n = be.tmp_ints(s, Tmp::SelN, T);
-  }
+  const IndexerRows ix = kind == LayerKind::CSA ? indexer_rows(be, c, l, *A.indexer, qr, s) : IndexerRows{};
 
   // Per sequence: its compressed entries for blocks closing in its rows (visible to its later
   // queries of the step), CSA's top-k entries per query, then its queries over its own keys.
@@ -64,10 +77,10 @@ void attention_layer(Backend& be, const ModelConfig& c, int64_t l, const LayerW&
   for (const StepSeq& seq : s.plan->seqs) {
     if (kind != LayerKind::Window) be.compress(s, {&seq, l, Comp::Kv, ca, cg});
     if (kind == LayerKind::CSA) {
-      be.compress(s, {&seq, l, Comp::Index, ia, ig});
-      be.index_topk(s, {&seq, l, qi, wi, sel, sel_n});
+      be.compress(s, {&seq, l, Comp::Index, ix.a, ix.g});
+      be.index_topk(s, {&seq, l, ix.q, ix.w, ix.sel, ix.sel_n});
     }
-    be.attend(s, {&seq, l, q, kv, sel, sel_n, o});
+    be.attend(s, {&seq, l, q, kv, ix.sel, ix.sel_n, o});
   }
   be.vec_ops(s, {.v = o, .heads = H, .dim = d, .rope = RopeDir::Inverse, .layer = l});
 
