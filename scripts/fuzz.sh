@@ -12,7 +12,7 @@ targets=("$@")
 CXX_FUZZ="$(command -v clang++ || command -v clang++-14 || true)"
 [ -n "$CXX_FUZZ" ] || { echo "fuzz: clang++ not found (apt-get install clang)" >&2; exit 1; }
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$CXX_FUZZ" \
-  -DDSV4_FUZZ=ON -DDSV4_CUDA=OFF >/dev/null
+  -DDSV4_FUZZ=ON -DDSV4_CUDA=OFF -DDSV4_CUDA_EMU=OFF >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target $(printf 'fuzz_%s ' "${targets[@]}") >/dev/null
 mkdir -p build-fuzz/artifacts
 export DSV4_TOKENIZER="${DSV4_TOKENIZER:-$PWD/build/deps/tokenizer/tokenizer.json}"

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DDSV4_SANITIZE=ON -DDSV4_CUDA=OFF >/dev/null
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DDSV4_SANITIZE=ON -DDSV4_CUDA=OFF -DDSV4_CUDA_EMU=OFF >/dev/null
 cmake --build build-asan -j"$(nproc)"
 export DSV4_TOKENIZER_DIR="$PWD/build/deps/tokenizer" DSV4_TOKENIZER="$PWD/build/deps/tokenizer/tokenizer.json"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
