@@ -459,7 +459,7 @@ std::pair<std::vector<float>, std::vector<float>> run_both(const CompCase& k, in
   int64_t p = 0;
   for (size_t ci = 0; p < N; ++ci) {
     const int64_t T = std::min(chunks[ci % chunks.size()], N - p);
-    compress(cfg, w, st, rope, x.data() + p * k.D, T, p, k.indexer, cpu);
+    compress(cfg, w, st, rope, x.data() + p * k.D, T, p, k.indexer ? Comp::Index : Comp::Kv, cpu);
     std::vector<int32_t> pos(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(p + t);
     gpu::DeviceBuffer dpos = dev(pos), da(static_cast<size_t>(T * width) * 4), ds(static_cast<size_t>(T * width) * 4);

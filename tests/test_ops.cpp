@@ -705,7 +705,7 @@ std::vector<float> run_compress(const CompCase& k, const RopeTable& rope, const 
   for (size_t ci = 0; p < N; ++ci) {
     const int64_t T = std::min(chunks[ci % chunks.size()], N - p);
     const size_t before = entries.size();
-    const int64_t added = compress(k.cfg, k.w, s, rope, x.data() + p * kCompD, T, p, indexer, entries);
+    const int64_t added = compress(k.cfg, k.w, s, rope, x.data() + p * kCompD, T, p, indexer ? Comp::Index : Comp::Kv, entries);
     // Blocks closing inside [p, p + T).
     const int64_t closing = (p + T) / k.w.ratio - p / k.w.ratio;
     EXPECT_EQ(added, closing) << "chunk at " << p << " of " << T;
@@ -879,8 +879,8 @@ TEST(Attention, ManyHeadsEachWithItsSink) {
   std::vector<float> p(static_cast<size_t>(H * n)), p2, pooled(out.size()), local(out.size());
   query_key_scores(K.data(), n, Q.data(), H, d, p.data());  // p[h * n + j] = K_j . q_h
   p2 = p;
-  attend_scores(p.data(), H, K.data(), n, d, sinks.data(), scale, pooled.data(), /*on_pool=*/true);
-  attend_scores(p2.data(), H, K.data(), n, d, sinks.data(), scale, local.data(), /*on_pool=*/false);
+  attend_scores(p.data(), H, K.data(), n, d, sinks.data(), scale, pooled.data(), RunOn::Pool);
+  attend_scores(p2.data(), H, K.data(), n, d, sinks.data(), scale, local.data(), RunOn::Caller);
   EXPECT_EQ(std::memcmp(pooled.data(), local.data(), sizeof(float) * pooled.size()), 0);
   EXPECT_EQ(std::memcmp(pooled.data(), out.data(), sizeof(float) * pooled.size()), 0);  // = attend_heads
 }

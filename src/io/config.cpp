@@ -9,12 +9,11 @@ namespace dsv4 {
 
 using nlohmann::json;
 
-std::string ModelConfig::layer_kind(int64_t layer) const {
-  const int64_t c = ratio(layer);
-  switch (kind(layer)) {
+std::string ModelConfig::kind_name(int64_t ratio) {
+  switch (kind_of_ratio(ratio)) {
     case LayerKind::Window: return "window";
-    case LayerKind::CSA: return "CSA(" + std::to_string(c) + ")";
-    case LayerKind::HCA: return "HCA(" + std::to_string(c) + ")";
+    case LayerKind::CSA: return "CSA(" + std::to_string(ratio) + ")";
+    case LayerKind::HCA: return "HCA(" + std::to_string(ratio) + ")";
   }
   return "?";
 }
@@ -98,7 +97,7 @@ void validate(const ModelConfig& c, const std::string& w) {
   for (size_t i = 0; i < c.compress_ratios.size(); ++i) {
     int64_t r = c.compress_ratios[i];
     require(r >= 0 && (r == 0 || r >= 2), w, "compress_ratios[" + std::to_string(i) + "] must be 0 or >= 2, got " + std::to_string(r));
-    any_csa |= ModelConfig::kind_of_ratio(r) == LayerKind::CSA;
+    any_csa |= r == 4;
   }
   if (any_csa) {
     pos(c.index_heads, "index_n_heads");

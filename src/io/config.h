@@ -51,7 +51,8 @@ struct ModelConfig {
   LayerKind kind(int64_t layer) const { return kind_of_ratio(ratio(layer)); }
   static LayerKind kind_of_ratio(int64_t r) { return r == 0 ? LayerKind::Window : r == kCsaRatio ? LayerKind::CSA : LayerKind::HCA; }
   int64_t hc_mix() const { return (2 + hc) * hc; }  // M, rows of hc_*_fn
-  std::string layer_kind(int64_t layer) const;       // "window", "CSA(4)", "HCA(16)"
+  std::string layer_kind(int64_t layer) const { return kind_name(ratio(layer)); }
+  static std::string kind_name(int64_t ratio);       // "window", "CSA(4)", "HCA(16)"
 };
 
 // Parses and validates (positive dims, divisibility: H*d % G, d > r, r even, d % 64 for the

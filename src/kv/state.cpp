@@ -51,8 +51,9 @@ static LayerState make_layer(const ModelConfig& c, int64_t r) {
   L.window_kv.assign(static_cast<size_t>(L.ring) * L.kv.bytes(), 0);
   L.entries = RowStore(L.kv.bytes());
   L.index_keys = RowStore(L.index.bytes());
-  if (r > 0) L.comp = make_compressor_state(r, c.head_dim);
-  if (ModelConfig::kind_of_ratio(r) == LayerKind::CSA) L.index_comp = make_compressor_state(r, c.index_dim);
+  const LayerKind kind = ModelConfig::kind_of_ratio(r);
+  if (kind != LayerKind::Window) L.comp = make_compressor_state(r, c.head_dim);
+  if (kind == LayerKind::CSA) L.index_comp = make_compressor_state(r, c.index_dim);
   return L;
 }
 
@@ -71,7 +72,8 @@ SequenceState fork_host_state(const SequenceState& st) {
   return out;
 }
 
-void truncate_host_state(SequenceState& st, int64_t n_layers, int64_t pos, bool mtp) {
+void truncate_host_state(SequenceState& st, int64_t n_layers, int64_t pos, Stack stack) {
+  const bool mtp = stack == Stack::Mtp;
   int64_t& cur = mtp ? st.mtp_pos : st.pos;
   DSV4_CHECK_MSG(pos >= 0 && pos <= cur && cur - pos <= kRewind,
                  "truncate from " + std::to_string(cur) + " to " + std::to_string(pos));
@@ -82,7 +84,7 @@ void truncate_host_state(SequenceState& st, int64_t n_layers, int64_t pos, bool 
     // The window ring and the compressor rows of positions >= pos are simply overwritten by
     // later positions before anything reads them; entries of blocks that closed at or after
     // pos are dropped.
-    if (L.ratio > 0) {
+    if (ModelConfig::kind_of_ratio(L.ratio) != LayerKind::Window) {
       L.entries.truncate(std::min(L.entries.size(), pos / L.ratio));
       L.index_keys.truncate(std::min(L.index_keys.size(), pos / L.ratio));
     }
@@ -100,8 +102,9 @@ CacheCost layer_cache_cost(const ModelConfig& c, int64_t ratio) {
   const LayerState L = make_layer(c, ratio);
   CacheCost cost;
   cost.fixed_bytes = L.private_bytes();
-  if (ratio > 0) cost.bytes_per_token = static_cast<double>(L.kv.bytes()) / static_cast<double>(ratio);
-  if (ModelConfig::kind_of_ratio(ratio) == LayerKind::CSA) cost.bytes_per_token += static_cast<double>(L.index.bytes()) / static_cast<double>(ratio);
+  const LayerKind kind = ModelConfig::kind_of_ratio(ratio);
+  if (kind != LayerKind::Window) cost.bytes_per_token = static_cast<double>(L.kv.bytes()) / static_cast<double>(ratio);
+  if (kind == LayerKind::CSA) cost.bytes_per_token += static_cast<double>(L.index.bytes()) / static_cast<double>(ratio);
   return cost;
 }
 

@@ -82,6 +82,10 @@ struct BackendSequence {
   virtual ~BackendSequence() = default;
 };
 
+// Which stack a step runs (or a rewind drops): the main layers, or the MTP block (layer index
+// n_layers, its own state in SequenceState::layers[n_layers] and positions in mtp_pos).
+enum class Stack { Main, Mtp };
+
 // Move-only: a copy would share (or silently drop) a backend's device state; forks go through
 // the backend (Backend::fork).
 struct SequenceState {
@@ -102,7 +106,7 @@ SequenceState make_sequence_state(const ModelConfig& c, bool mtp);
 SequenceState fork_host_state(const SequenceState& st);
 // Drops main positions [pos, st.pos) (layers [0, n_layers)) or MTP positions [pos, st.mtp_pos)
 // (layer n_layers). Requires the drop to be at most kRewind positions (DSV4_CHECK).
-void truncate_host_state(SequenceState& st, int64_t n_layers, int64_t pos, bool mtp);
+void truncate_host_state(SequenceState& st, int64_t n_layers, int64_t pos, Stack stack);
 
 // Cache bytes a layer of ratio `ratio` adds per token on average (compressed entries and indexer
 // keys), and the fixed bytes of its window ring and compressor rows.

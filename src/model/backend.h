@@ -1,22 +1,21 @@
 #pragma once
-// The steps of a forward pass that differ between devices (docs/backend.md). Model
-// (model/forward.cpp) is the one description of the pass: embedding, the layer loop with its
-// mHC pre/post mixing, norms and residual wiring, and the head, for the main model and for the
-// MTP block. It calls a Backend for every step that touches activations; a backend binds the
-// weights it needs once, at creation, in its own memory and form, and owns each sequence's
-// cache state.
+// The ops of a forward pass that differ between devices (docs/backend.md). Model
+// (model/forward.cpp, attention_layer.cpp, moe_layer.cpp) is the one description of the pass:
+// the layer loop with its mHC wiring, each sublayer's sequence of stages, the head. It calls a
+// Backend for every op that touches activations; a backend binds the weights it needs once, at
+// creation, in its own memory and form, and owns each sequence's cache state. Ops name weights
+// by their host structs (model/weights.h): a device backend finds its own copy of each.
 //
 // A step covers the tokens of several sequences at once (docs/design.md "Batched steps"): row
 // t of every activation belongs to one sequence at one position. Ops over rows (norms, mHC,
-// MoE, every projection) run over all rows at once, so each weight is read once per step;
-// attention runs per sequence on its own state. Every op computes a row the same way whatever
-// else is in the step (canonical summation order), so a sequence's logits do not depend on
-// its batch.
+// projections, MoE) run over all rows at once, so each weight is read once per step; the ops
+// that take a StepSeq (compressor feed, indexer top-k, attention) run per sequence on its own
+// state. Every op computes a row the same way whatever else is in the step (canonical
+// summation order), so a sequence's logits do not depend on its batch.
 //
-// Granularity: attention (queries, KV write, compressors, indexer top-k, sparse attention,
-// grouped output) and MoE (gate, routing, experts, shared expert) are one call each, because
-// both make data-dependent decisions (routing, top-k, which blocks close) that a device backend
-// must keep on the device; the rest are single ops.
+// Data-dependent decisions stay in backend memory (the indexer's top-k, which blocks close),
+// except MoE routing: its expert ids come to the host, where the per-expert token lists are
+// built (one synchronisation per MoE layer on a device; issue 6 moves it onto the device).
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -32,10 +31,6 @@ struct StepSeq {
   int64_t t0 = 0, n = 0, p0 = 0;
 };
 
-// Which stack a step runs: the main layers, or the MTP block (layer index n_layers, its own
-// state in SequenceState::layers[n_layers] and positions in mtp_pos).
-enum class Stack { Main, Mtp };
-
 // What the host asks of a step (built by Model, validated by the engine).
 struct StepPlan {
   Stack stack = Stack::Main;
@@ -44,6 +39,121 @@ struct StepPlan {
   std::vector<StepSeq> seqs;     // disjoint row ranges covering [0, T), in row order
   const float* hidden = nullptr; // MTP: [T, hc*D] the main model's final hc state per row
   int64_t T() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+// ================================================================ op parameters
+// Pointers to activations are backend memory (Backend::tmp or the Step's buffers) unless a
+// field says host. "Rows of the step": [T, ...] over every row, in the plan's order.
+
+// y[t*ldy + (r - r0)] = w[r, :] . x[t*ldx ..] for rows r in [r0, r1) of w and t < T.
+struct Matmul {
+  const QWeight* w = nullptr;
+  const float* x = nullptr;
+  int64_t T = 0;
+  float* y = nullptr;
+  int64_t r0 = 0, r1 = -1;     // -1: to the last row
+  int64_t ldx = -1, ldy = -1;  // -1: dense (w->cols, r1 - r0)
+};
+
+// x[r] = rmsnorm(x[r]) for rows r < rows of `dim` values, in place; weight null: unweighted.
+struct RmsNorm {
+  float* x = nullptr;
+  int64_t rows = 0, dim = 0;
+  const std::vector<float>* weight = nullptr;
+  double eps = 0;
+};
+
+// Per-vector stages on v, rows of the step [T, heads, dim], each vector in this order: an RMS
+// norm (weight null: unweighted), RoPE at its row's position with `layer`'s table (the last
+// rope_dim values), a simulated quantisation (MODEL.md "Building blocks": the KV cache's fp8 on
+// the non-RoPE values in blocks of 64; the indexer's Hadamard + fp4 in blocks of 32).
+enum class VecNorm { None, Rms };
+enum class RopeDir { None, Forward, Inverse };
+enum class QuantSim { None, Fp8, HadamardFp4 };
+struct VecOps {
+  float* v = nullptr;
+  int64_t heads = 1, dim = 0;
+  VecNorm norm = VecNorm::None;
+  const std::vector<float>* weight = nullptr;
+  double eps = 0;
+  RopeDir rope = RopeDir::None;
+  int64_t layer = 0;
+  QuantSim sim = QuantSim::None;
+};
+
+// Feeds one sequence's compressor rows (a = wkv.x, g = wgate.x: rows of the step [T, width])
+// into its state and appends the entries (Kv) or indexer keys (Index) of the blocks that close
+// in its rows, so its later queries of the step see them.
+struct CompressFeed {
+  const StepSeq* seq = nullptr;
+  int64_t layer = 0;
+  Comp which = Comp::Kv;
+  const float* a = nullptr;
+  const float* g = nullptr;
+};
+
+// CSA: each of the sequence's queries scores the entries visible at its position with the
+// indexer (q [T, HI, dI], w [T, HI], rows of the step) and keeps the top index_topk, best
+// first: sel [T, index_topk] and their count sel_n [T] (rows of the step; the sequence's rows
+// are written).
+struct IndexTopk {
+  const StepSeq* seq = nullptr;
+  int64_t layer = 0;
+  const float* q = nullptr;
+  const float* w = nullptr;
+  int32_t* sel = nullptr;
+  int32_t* sel_n = nullptr;
+};
+
+// The sequence's queries (q [T, H, d], rows of the step) over their keys: the window (its own
+// earlier positions, then kv [T, d] of this step) and the visible compressed entries, in
+// IndexTopk's order where sel is given (CSA), else all of them in order; sink softmax. Writes
+// the sequence's rows of out [T, H, d] and its window cache.
+struct Attend {
+  const StepSeq* seq = nullptr;
+  int64_t layer = 0;
+  const float* q = nullptr;
+  const float* kv = nullptr;
+  const int32_t* sel = nullptr;
+  const int32_t* sel_n = nullptr;
+  float* out = nullptr;
+};
+
+// MoE routing of every row from its gate logits [T, E]: the n_active experts (the top scores
+// plus bias, or the hash layer's table for the row's token) and their weights, into host
+// memory ids / weights [T, n_active].
+enum class RouteBy { Score, Hash };
+struct Route {
+  const MoEW* w = nullptr;
+  RouteBy by = RouteBy::Score;
+  const float* logits = nullptr;
+  int32_t* ids = nullptr;
+  float* weights = nullptr;
+};
+
+// Rows of the step, as indices into it (backend memory), with a weight each.
+struct RowList {
+  const int32_t* rows = nullptr;
+  const float* weights = nullptr;
+};
+
+// g[r] = silu(min(g[r], limit)) * clamp(u[r], -limit, limit) * w[r] for rows r < rows of n
+// values (limit <= 0: no clamp; w null: 1).
+struct Swiglu {
+  float* g = nullptr;
+  const float* u = nullptr;
+  int64_t rows = 0, n = 0;
+  float limit = 0;
+  const float* w = nullptr;
+};
+
+// Named temporaries of a sublayer. The CPU takes them from the calling thread's arena (given
+// back when the caller's Arena::Scope ends: the sublayers hold one); a device backend hands out
+// fixed workspace slots sized for its largest step, so the names must be distinct among the
+// temporaries alive at once.
+enum class Tmp {
+  Qr, Q, Kv, CompA, CompG, IndexA, IndexG, IndexQ, IndexW, Sel, SelN, O, Z,  // attention
+  GateLogits, ExpertIn, ExpertGate, ExpertUp, ExpertOut,                    // MoE
 };
 
 class Backend {
@@ -79,26 +189,44 @@ class Backend {
   // block's input from the embedding and plan.hidden). The CPU backend takes the buffers from
   // the calling thread's arena, so the caller holds an Arena::Scope for the step.
   virtual Step begin(const StepPlan& plan) = 0;
+  // n floats / int32s of backend memory for the temporary `which` (see Tmp).
+  virtual float* tmp(Step& s, Tmp which, int64_t n) = 0;
+  virtual int32_t* tmp_ints(Step& s, Tmp which, int64_t n) = 0;
 
+  // mHC. Layer index l in [0, n_layers]; n_layers is the MTP block.
   enum class Sub { Attn, Ffn };
-  // Layer index l in [0, n_layers]; n_layers is the MTP block.
   // x, post, comb = hc_pre(layer's mixer for `sub`, X).
   virtual void hc_pre(int64_t layer, Sub sub, Step& s) = 0;
-  // x = rmsnorm(x) with the layer's attn_norm / ffn_norm.
-  virtual void norm(int64_t layer, Sub sub, Step& s) = 0;
-  // f = attention(x); writes each sequence's rows into its caches of this layer.
-  virtual void attention(int64_t layer, Step& s) = 0;
-  // f = MoE(x) (routed experts + shared expert), over all rows; hash layers route by the tokens.
-  virtual void moe(int64_t layer, Step& s) = 0;
   // X = post * f + comb X.
   virtual void hc_post(Step& s) = 0;
+
+  // Ops over rows (model/attention_layer.cpp, moe_layer.cpp).
+  virtual void matmul(Step& s, const Matmul& m) = 0;
+  virtual void rmsnorm(Step& s, const RmsNorm& n) = 0;
+  virtual void vec_ops(Step& s, const VecOps& v) = 0;
+  virtual void scale(Step& s, float* x, int64_t n, float factor) = 0;  // x *= factor
+  // Per sequence (each on its own state, in the plan's order).
+  virtual void compress(Step& s, const CompressFeed& c) = 0;
+  virtual void index_topk(Step& s, const IndexTopk& k) = 0;
+  virtual void attend(Step& s, const Attend& a) = 0;
+  // MoE.
+  virtual void route(Step& s, const Route& r) = 0;
+  // The per-expert token lists (host: rows and weights, expert after expert) in backend memory.
+  virtual RowList dispatch(Step& s, const std::vector<int32_t>& rows, const std::vector<float>& weights) = 0;
+  virtual void zero_f(Step& s) = 0;  // f = 0 (the experts add into it)
+  // y[i] = x[rows[i]] / out[rows[i]] += y[i] for i < n, rows of `dim` values (the rows of one
+  // scatter are distinct: an expert serves a token once).
+  virtual void gather(Step& s, const float* x, const int32_t* rows, int64_t n, int64_t dim, float* y) = 0;
+  virtual void scatter_add(Step& s, const float* y, const int32_t* rows, int64_t n, int64_t dim, float* out) = 0;
+  virtual void swiglu(Step& s, const Swiglu& g) = 0;
+  virtual void add(Step& s, float* y, const float* x, int64_t n) = 0;  // y += x
+
+  // The head.
   // out (host, [rows.size(), hc*D]) = X of the given rows.
   virtual void read_hidden(Step& s, const std::vector<int64_t>& rows, float* out) = 0;
   // x[i] = hc_head(X of rows[i]) with the main model's or the MTP block's hc_head, before the
   // final norm.
   virtual void hc_head(Stack stack, Step& s, const std::vector<int64_t>& rows) = 0;
-  // x[0..n) = rmsnorm(x) with the main model's / the MTP block's final norm.
-  virtual void final_norm(Stack stack, Step& s, int64_t n) = 0;
   // out (host, [n, vocab]) = head(x[0..n)).
   virtual void logits(Step& s, int64_t n, float* out) = 0;
 };

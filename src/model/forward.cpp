@@ -4,6 +4,7 @@
 
 #include "core/arena.h"
 #include "core/error.h"
+#include "model/layers.h"
 
 namespace dsv4 {
 
@@ -56,14 +57,15 @@ void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
   Backend::Step s = be.begin(plan);
   const int64_t l0 = stack == Stack::Main ? 0 : c.n_layers, l1 = stack == Stack::Main ? c.n_layers : c.n_layers + 1;
   for (int64_t l = l0; l < l1; ++l) {
+    const LayerW& L = w_->layer(l);
     be.hc_pre(l, Sub::Attn, s);
-    be.norm(l, Sub::Attn, s);
-    be.attention(l, s);
+    be.rmsnorm(s, {s.x, s.T, c.dim, &L.attn_norm, c.eps});
+    attention_layer(be, c, l, L, s);
     be.hc_post(s);
 
     be.hc_pre(l, Sub::Ffn, s);
-    be.norm(l, Sub::Ffn, s);
-    be.moe(l, s);
+    be.rmsnorm(s, {s.x, s.T, c.dim, &L.ffn_norm, c.eps});
+    moe_layer(be, c, L, s);
     be.hc_post(s);
   }
   for (const SeqInput& si : in) (stack == Stack::Main ? si.st->pos : si.st->mtp_pos) += si.n;
@@ -87,7 +89,7 @@ void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
   if (rows.empty()) return;
   const int64_t n = static_cast<int64_t>(rows.size()), V = c.vocab;
   be.hc_head(stack, s, rows);
-  be.final_norm(stack, s, n);
+  be.rmsnorm(s, {s.x, n, c.dim, stack == Stack::Main ? &w_->norm : &w_->mtp->norm, c.eps});  // the final norm
   // Straight into the callers' buffers when there is only one; else through one host buffer.
   if (in.size() == 1) return be.logits(s, n, in[0].logits_out);
   std::vector<float> out(static_cast<size_t>(n * V));

@@ -6,7 +6,7 @@
 namespace dsv4 {
 
 RopeTable layer_rope(const ModelConfig& c, int64_t l) {
-  const bool compressed = c.ratio(l) > 0;
+  const bool compressed = c.kind(l) != LayerKind::Window;
   return make_rope(c.rope_dim, compressed ? c.compress_rope_theta : c.rope_theta, compressed, c.yarn_factor, c.yarn_original,
                    c.yarn_beta_fast, c.yarn_beta_slow);
 }

@@ -23,7 +23,7 @@ struct RopeTable {
   At at(int64_t pos) const;
 };
 RopeTable make_rope(int64_t rope_dim, double base, bool yarn, double factor, int64_t original, double beta_fast, double beta_slow);
-// Main layer l's table: compressed layers (ratio > 0) use compress_rope_theta with YaRN, the
+// Main layer l's table: CSA and HCA layers use compress_rope_theta with YaRN, the
 // others rope_theta without.
 RopeTable layer_rope(const ModelConfig& c, int64_t l);
 

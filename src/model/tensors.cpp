@@ -117,9 +117,10 @@ class Walker {
     floats(a.kv_norm, p + "kv_norm.weight", Role::Norm, Stored::Bf16, Part::Attention, {d});
     linear(a.wo_a, p + "wo_a", Role::Linear, dense, Part::Attention, G * c_.o_lora, H * d / G);
     linear(a.wo_b, p + "wo_b", Role::Linear, dense, Part::Attention, D, G * c_.o_lora);
-    if (present(a.comp, ratio > 0, p + "compressor"))
+    const LayerKind kind = ModelConfig::kind_of_ratio(ratio);
+    if (present(a.comp, kind != LayerKind::Window, p + "compressor"))
       compressor(p + "compressor.", *a.comp, ratio, d, Part::Compressor);
-    if (present(a.indexer, ModelConfig::kind_of_ratio(ratio) == LayerKind::CSA, p + "indexer")) {
+    if (present(a.indexer, kind == LayerKind::CSA, p + "indexer")) {
       auto& ix = *a.indexer;
       const std::string q = p + "indexer.";
       linear(ix.wq_b, q + "wq_b", Role::Linear, dense, Part::Indexer, c_.index_heads * c_.index_dim, Qr);
@@ -128,7 +129,7 @@ class Walker {
     }
   }
 
-  // coff = 2 for the overlapping ratio-4 compressor.
+  // coff = 2 for CSA's overlapping compressor.
   void compressor(const std::string& p, Ref<CompressorW> w, int64_t ratio, int64_t out_dim, Part part) {
     const int64_t coff = ModelConfig::kind_of_ratio(ratio) == LayerKind::CSA ? 2 : 1, width = coff * out_dim;
     set(w.ratio, ratio, p + " ratio");

@@ -2,13 +2,13 @@
 // The one list of DeepSeek-V4 tensors (STYLE.md 5; gemma.cpp ForEachTensor). For a config it
 // says, per tensor: its native checkpoint name (other layouts: io/names.h), what it is, its
 // shape, how the published checkpoints store it, and where it lands in ModelWeights. Which
-// tensors exist follows the config: a compressor on every layer with ratio > 0, an indexer on
-// ratio-4 layers, a hash table (tid2eid) instead of a router bias on the first n_hash layers,
+// tensors exist follows the config: a compressor on every CSA and HCA layer, an indexer on
+// CSA layers, a hash table (tid2eid) instead of a router bias on the first n_hash layers,
 // the mtp.0 block when n_mtp > 0.
 //
 // Everything that walks the model's tensors goes through for_each_tensor: binding
-// (model/weights.cpp), make-tiny's writer (tools/make_tiny.cpp), the CUDA upload's completeness
-// check and the memory accounting below (dsv4 inspect). The visiting order is the checkpoint
+// (model/weights.cpp), make-tiny's writer (tools/make_tiny.cpp), the CUDA upload and the
+// memory accounting below (dsv4 inspect). The visiting order is the checkpoint
 // order make-tiny writes (its files are byte-for-byte defined by it).
 #include <cstddef>
 #include <cstdint>

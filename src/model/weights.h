@@ -26,6 +26,9 @@ struct CompressorW {
   std::vector<float> norm;                   // [out_dim]
 };
 
+// Which of a layer's compressors: the one making KV entries (CSA / HCA) or the indexer's keys (CSA).
+enum class Comp { Kv, Index };
+
 struct IndexerW {
   QWeight wq_b;          // [HI*dI, Qr]
   QWeight weights_proj;  // [HI, D]
@@ -35,8 +38,8 @@ struct IndexerW {
 struct AttentionW {
   QWeight wq_a, wq_b, wkv, wo_a, wo_b;
   std::vector<float> q_norm, kv_norm, sink;
-  std::optional<CompressorW> comp;  // ratio > 0
-  std::optional<IndexerW> indexer;  // LayerKind::CSA
+  std::optional<CompressorW> comp;  // CSA and HCA layers
+  std::optional<IndexerW> indexer;  // CSA layers
 };
 
 struct ExpertW {
@@ -78,6 +81,9 @@ struct ModelWeights {
   HcMixW hc_head;
   std::vector<LayerW> layers;
   std::optional<MtpW> mtp;
+
+  // Layer l in [0, n_layers]: a main layer, or (n_layers) the MTP block.
+  const LayerW& layer(int64_t l) const { return l < cfg.n_layers ? layers[l] : mtp->block; }
 
   // "native (FP8 + MXFP4 experts)", "native (FP8 + NVFP4 experts)", "hf (BF16)", ...
   std::string format_summary() const;

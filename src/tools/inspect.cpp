@@ -16,16 +16,6 @@ namespace {
 #define P(...) (std::snprintf(buf, sizeof buf, __VA_ARGS__), out += buf)
 }  // namespace
 
-// "window", "CSA(4)", "HCA(128)" for a compress ratio.
-std::string kind_name(int64_t ratio) {
-  switch (ModelConfig::kind_of_ratio(ratio)) {
-    case LayerKind::Window: return "window";
-    case LayerKind::CSA: return "CSA(" + std::to_string(ratio) + ")";
-    case LayerKind::HCA: return "HCA(" + std::to_string(ratio) + ")";
-  }
-  return "?";
-}
-
 std::string inspect_model(const std::string& dir) {
   std::string out;
   char buf[512];
@@ -50,7 +40,7 @@ std::string inspect_model(const std::string& dir) {
   for (const auto& [ratio, _] : kinds) {
     CacheCost k = layer_cache_cost(c, ratio);
     P("  %-9s %8.1f bytes/token + %zu bytes fixed (window ring, compressor rows)\n",
-                kind_name(ratio).c_str(), k.bytes_per_token,
+                ModelConfig::kind_name(ratio).c_str(), k.bytes_per_token,
                 k.fixed_bytes);
   }
   std::map<std::string, std::pair<size_t, size_t>> by_dtype;

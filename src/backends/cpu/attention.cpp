@@ -23,7 +23,7 @@ void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t 
 }
 
 void attend_scores(float* p, int64_t H, const float* K, int64_t n, int64_t d, const float* sink, float scale, float* out,
-                   bool on_pool) {
+                   RunOn where) {
   if (n == 0) {
     std::fill(out, out + H * d, 0.0f);
     return;
@@ -39,7 +39,7 @@ void attend_scores(float* p, int64_t H, const float* K, int64_t n, int64_t d, co
       for (int64_t j = 0; j < n; ++j) s[j] *= inv;
     }
   };
-  if (on_pool) {
+  if (where == RunOn::Pool) {
     thread_pool().parallel_for(H, softmax);
     gemm_nn(p, n, K, d, out, d, H, d, n);
   } else {

@@ -17,10 +17,11 @@ void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t 
 // The same with the scores already computed: p [H, n] holds q_h . K_j (before `scale`) and is
 // overwritten with the attention weights. (A query's scores may come from a larger product:
 // each is one canonical qmatmul dot, whichever operand plays the weight.)
-// With on_pool false it runs on the calling thread (for callers already on the pool: the
-// same bits, the pool is not reentrant).
+// RunOn::Caller runs it on the calling thread (for callers already on the pool: the same
+// bits, the pool is not reentrant).
+enum class RunOn { Pool, Caller };
 void attend_scores(float* p, int64_t H, const float* K, int64_t n, int64_t d, const float* sink, float scale, float* out,
-                   bool on_pool = true);
+                   RunOn where = RunOn::Pool);
 
 // S[j * nq + i] = Q_i . K_j for nq query rows and n keys (one product: the queries act as the F32
 // weight, the keys as tokens; each value equals attend_heads' score bit for bit). FLOPs are not

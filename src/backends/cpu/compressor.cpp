@@ -15,7 +15,7 @@ void compress_project(const CompressorW& w, const float* x, int64_t T, float* a,
 }
 
 int64_t compress_feed(const ModelConfig& c, const CompressorW& w, CompressorState& s, const RopeTable& rope, const float* a,
-                      const float* g, int64_t T, int64_t p0, bool indexer, std::vector<float>& entries) {
+                      const float* g, int64_t T, int64_t p0, Comp which, std::vector<float>& entries) {
   const int64_t width = s.width, dout = w.out_dim, ratio = w.ratio;
   int64_t added = 0;
   std::vector<float> entry(static_cast<size_t>(dout));
@@ -51,7 +51,7 @@ int64_t compress_feed(const ModelConfig& c, const CompressorW& w, CompressorStat
     }
     rmsnorm(entry.data(), w.norm.data(), dout, c.eps, entry.data());
     rope.apply(entry.data(), dout, first);  // at the block's first position
-    if (indexer) {
+    if (which == Comp::Index) {
       hadamard(entry.data(), dout);
       fp4sim(entry.data(), static_cast<size_t>(dout), 32);
     } else {
@@ -64,10 +64,10 @@ int64_t compress_feed(const ModelConfig& c, const CompressorW& w, CompressorStat
 }
 
 int64_t compress(const ModelConfig& c, const CompressorW& w, CompressorState& s, const RopeTable& rope, const float* x,
-                 int64_t T, int64_t p0, bool indexer, std::vector<float>& entries) {
+                 int64_t T, int64_t p0, Comp which, std::vector<float>& entries) {
   std::vector<float> a(static_cast<size_t>(T * s.width)), g(static_cast<size_t>(T * s.width));
   compress_project(w, x, T, a.data(), g.data());
-  return compress_feed(c, w, s, rope, a.data(), g.data(), T, p0, indexer, entries);
+  return compress_feed(c, w, s, rope, a.data(), g.data(), T, p0, which, entries);
 }
 
 }  // namespace dsv4

@@ -17,13 +17,13 @@ void compress_project(const CompressorW& w, const float* x, int64_t T, float* a,
 
 // Feeds one sequence's rows of positions p0..p0+T-1 (a, g from compress_project) into its
 // state; appends each entry whose block closes inside the chunk to `entries` (out_dim floats
-// each) and returns how many. Main entries get fp8sim on the non-rope part; indexer entries
-// (indexer = true) get Hadamard + fp4sim.
+// each) and returns how many. KV entries get fp8sim on the non-rope part; indexer keys
+// (Comp::Index) get Hadamard + fp4sim.
 int64_t compress_feed(const ModelConfig& c, const CompressorW& w, CompressorState& s, const RopeTable& rope, const float* a,
-                      const float* g, int64_t T, int64_t p0, bool indexer, std::vector<float>& entries);
+                      const float* g, int64_t T, int64_t p0, Comp which, std::vector<float>& entries);
 
 // Both, for one sequence.
 int64_t compress(const ModelConfig& c, const CompressorW& w, CompressorState& s, const RopeTable& rope, const float* x,
-                 int64_t T, int64_t p0, bool indexer, std::vector<float>& entries);
+                 int64_t T, int64_t p0, Comp which, std::vector<float>& entries);
 
 }  // namespace dsv4

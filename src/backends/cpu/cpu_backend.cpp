@@ -1,9 +1,9 @@
-// The CPU reference backend: the steps of model/backend.h on the CPU ops (model/ops.h, cpu/),
-// activations in the calling thread's arena (core/arena.h), caches in SequenceState::layers.
+// The CPU reference backend: the ops of model/backend.h on the CPU ops (backends/cpu/ops.h,
+// kernels/cpu), activations in the calling thread's arena (core/arena.h), caches in
+// SequenceState::layers.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "core/arena.h"
 #include "core/error.h"
@@ -22,8 +22,9 @@ namespace dsv4 {
 namespace {
 
 // Activations live in the calling thread's arena (core/arena.h): the step's buffers in the
-// Scope Model::step holds, the temporaries of attention and MoE in one Scope per call and per
-// expert, so after the first chunk no step maps fresh memory. raw(): not zero-filled, for
+// Scope Model::step holds, the sublayers' temporaries (Backend::tmp) in the Scope each
+// sublayer and each expert holds (model/attention_layer.cpp, moe_layer.cpp), an op's own
+// scratch in a Scope of the op, so after the first chunk no step maps fresh memory. raw(): not zero-filled, for
 // buffers written in full (or, like the window ring, read only where written); buffers that
 // are accumulated into are cleared where they are used.
 using Buf = Floats;
@@ -45,7 +46,13 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const ModelWeights& w) : w_(w) {
     const ModelConfig& c = w_.cfg;
-    for (int64_t l = 0; l < c.n_layers + (w_.mtp ? 1 : 0); ++l) rope_.push_back(layer_rope(c, l));
+    for (int64_t l = 0; l < c.n_layers + (w_.mtp ? 1 : 0); ++l) {
+      rope_.push_back(layer_rope(c, l));
+      int64_t same = 0;  // the first layer with the same table (layers share their step's rotations)
+      while (rope_[same].freq != rope_[l].freq) ++same;
+      if (same == l) rot_.emplace_back();
+      rot_of_.push_back(same == l ? static_cast<int64_t>(rot_.size()) - 1 : rot_of_[same]);
+    }
   }
 
   const char* name() const override { return "cpu"; }
@@ -56,13 +63,14 @@ class CpuBackend final : public Backend {
   }
   void truncate(SequenceState& st, int64_t pos, Stack stack) const override {
     check_mine(st);
-    truncate_host_state(st, w_.cfg.n_layers, pos, stack == Stack::Mtp);
+    truncate_host_state(st, w_.cfg.n_layers, pos, stack);
   }
 
   Step begin(const StepPlan& plan) override {
     const ModelConfig& c = w_.cfg;
     const int64_t D = c.dim, hc = c.hc, T = plan.T();
     for (const StepSeq& q : plan.seqs) check_mine(*q.st);
+    ++step_;  // the cached rotations are of the previous step
     Step s;
     s.plan = &plan;
     s.T = T;
@@ -87,14 +95,14 @@ class CpuBackend final : public Backend {
     Buf e = raw(T * D), h = raw(T * hc * D), ep = raw(T * D), hp = raw(T * hc * D);
     for_each_token(T, [&](int64_t t) {
       dequant_row(w_.embed, plan.tokens[t], e.data() + t * D);
-      rmsnorm(e.data() + t * D, m.enorm.data(), D, c.eps, e.data() + t * D);
+      dsv4::rmsnorm(e.data() + t * D, m.enorm.data(), D, c.eps, e.data() + t * D);
       for (int64_t i = 0; i < hc; ++i) {
         const int64_t r = t * hc + i;
-        rmsnorm(plan.hidden + r * D, m.hnorm.data(), D, c.eps, h.data() + r * D);
+        dsv4::rmsnorm(plan.hidden + r * D, m.hnorm.data(), D, c.eps, h.data() + r * D);
       }
     });
-    matmul(m.e_proj, e.data(), T, ep.data());
-    matmul(m.h_proj, h.data(), T * hc, hp.data());
+    dsv4::matmul(m.e_proj, e.data(), T, ep.data());
+    dsv4::matmul(m.h_proj, h.data(), T * hc, hp.data());
     for_each_token(T, [&](int64_t t) {
       for (int64_t i = 0; i < hc; ++i)
         for (int64_t d = 0; d < D; ++d) s.X[(t * hc + i) * D + d] = ep[t * D + d] + hp[(t * hc + i) * D + d];
@@ -102,26 +110,79 @@ class CpuBackend final : public Backend {
     return s;
   }
 
+  float* tmp(Step&, Tmp, int64_t n) override { return raw(n).data(); }
+  // int32 views of arena floats (same size and alignment; only ever accessed as int32).
+  int32_t* tmp_ints(Step&, Tmp, int64_t n) override { return reinterpret_cast<int32_t*>(raw(n).data()); }
+
   void hc_pre(int64_t l, Sub sub, Step& s) override {
-    const LayerW& L = layer(l);
+    const LayerW& L = w_.layer(l);
     dsv4::hc_pre(w_.cfg, sub == Sub::Attn ? L.hc_attn : L.hc_ffn, s.X, s.T, s.x, s.post, s.comb);
   }
-
-  void norm(int64_t l, Sub sub, Step& s) override {
-    const ModelConfig& c = w_.cfg;
-    const int64_t D = c.dim;
-    const float* w = (sub == Sub::Attn ? layer(l).attn_norm : layer(l).ffn_norm).data();
-    float* x = s.x;
-    for_each_token(s.T, [&](int64_t t) { rmsnorm(x + t * D, w, D, c.eps, x + t * D); });
-  }
-
   void hc_post(Step& s) override { dsv4::hc_post(w_.cfg, s.f, s.post, s.comb, s.X, s.T); }
 
-  void attention(int64_t l, Step& s) override { run_attention(l, s); }
+  void matmul(Step&, const Matmul& m) override {
+    const int64_t r1 = m.r1 < 0 ? m.w->rows : m.r1;
+    dsv4::matmul(*m.w, m.r0, r1, m.x, m.ldx < 0 ? m.w->cols : m.ldx, m.T, m.y, m.ldy < 0 ? r1 - m.r0 : m.ldy);
+  }
 
-  void moe(int64_t l, Step& s) override {
-    std::fill(s.f, s.f + s.T * w_.cfg.dim, 0.0f);  // the experts accumulate into it
-    run_moe(layer(l), s.x, s.plan->tokens.data(), s.T, s.f);
+  void rmsnorm(Step&, const RmsNorm& n) override {
+    const float* w = n.weight ? n.weight->data() : nullptr;
+    for_each_token(n.rows, [&](int64_t t) { dsv4::rmsnorm(n.x + t * n.dim, w, n.dim, n.eps, n.x + t * n.dim); });
+  }
+
+  void vec_ops(Step& s, const VecOps& v) override {
+    const std::vector<RopeTable::At>* rot = v.rope == RopeDir::None ? nullptr : &rotations(v.layer, s);
+    const float* w = v.weight ? v.weight->data() : nullptr;
+    const int64_t nope = v.dim - w_.cfg.rope_dim;
+    for_each_token(s.T, [&](int64_t t) {
+      for (int64_t h = 0; h < v.heads; ++h) {
+        float* x = v.v + (t * v.heads + h) * v.dim;
+        if (v.norm == VecNorm::Rms) dsv4::rmsnorm(x, w, v.dim, v.eps, x);
+        if (rot) (*rot)[t].apply(x, v.dim, v.rope == RopeDir::Inverse);
+        if (v.sim == QuantSim::Fp8) fp8sim(x, static_cast<size_t>(nope), 64);
+        if (v.sim == QuantSim::HadamardFp4) {
+          hadamard(x, v.dim);
+          fp4sim(x, static_cast<size_t>(v.dim), 32);
+        }
+      }
+    });
+  }
+
+  void scale(Step&, float* x, int64_t n, float factor) override {
+    for (int64_t i = 0; i < n; ++i) x[i] *= factor;
+  }
+
+  void compress(Step& s, const CompressFeed& f) override;
+  void index_topk(Step& s, const IndexTopk& k) override;
+  void attend(Step& s, const Attend& a) override;
+
+  void route(Step& s, const Route& r) override {
+    const ModelConfig& c = w_.cfg;
+    const int64_t E = c.n_experts, k = c.n_active;
+    const bool hash = r.by == RouteBy::Hash;
+    for (int64_t t = 0; t < s.T; ++t)
+      route_token(r.logits + t * E, E, k, hash ? nullptr : r.w->bias.data(),
+                  hash ? r.w->tid2eid.data() + s.plan->tokens[t] * k : nullptr, c.route_scale, r.ids + t * k, r.weights + t * k);
+  }
+  RowList dispatch(Step&, const std::vector<int32_t>& rows, const std::vector<float>& weights) override {
+    return {rows.data(), weights.data()};  // already in the CPU's memory
+  }
+  void zero_f(Step& s) override { std::fill(s.f, s.f + s.T * w_.cfg.dim, 0.0f); }
+  void gather(Step&, const float* x, const int32_t* rows, int64_t n, int64_t dim, float* y) override {
+    for_each_token(n, [&](int64_t i) { std::copy(x + rows[i] * dim, x + (rows[i] + 1) * dim, y + i * dim); });
+  }
+  void scatter_add(Step&, const float* y, const int32_t* rows, int64_t n, int64_t dim, float* out) override {
+    for_each_token(n, [&](int64_t i) {
+      for (int64_t j = 0; j < dim; ++j) out[rows[i] * dim + j] += y[i * dim + j];
+    });
+  }
+  void swiglu(Step&, const Swiglu& g) override {
+    for_each_token(g.rows, [&](int64_t i) { swiglu_clamped(g.g + i * g.n, g.u + i * g.n, g.n, g.limit, g.w ? g.w[i] : 1.0f); });
+  }
+  void add(Step&, float* y, const float* x, int64_t n) override {
+    thread_pool().parallel_for(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) y[i] += x[i];
+    });
   }
 
   void read_hidden(Step& s, const std::vector<int64_t>& rows, float* out) override {
@@ -138,7 +199,7 @@ class CpuBackend final : public Backend {
     for_each_token(nt, [&](int64_t t) { std::copy(s.X + rows[t] * n, s.X + (rows[t] + 1) * n, Xo.data() + t * n); });
     float* y = s.x;
     std::fill(y, y + nt * D, 0.0f);
-    matmul(f32_weight(mix.fn.data(), hc, n), Xo.data(), nt, mixes.data());
+    dsv4::matmul(f32_weight(mix.fn.data(), hc, n), Xo.data(), nt, mixes.data());
     for_each_token(nt, [&](int64_t t) {
       const float* xf = Xo.data() + t * n;
       const float rs = inv_rms(xf, n, c.eps);
@@ -149,164 +210,129 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void final_norm(Stack stack, Step& s, int64_t nt) override {
-    const ModelConfig& c = w_.cfg;
-    const int64_t D = c.dim;
-    const float* w = (stack == Stack::Main ? w_.norm : w_.mtp->norm).data();
-    float* y = s.x;
-    for_each_token(nt, [&](int64_t t) { rmsnorm(y + t * D, w, D, c.eps, y + t * D); });
-  }
-
-  void logits(Step& s, int64_t nt, float* out) override { matmul(w_.head, s.x, nt, out); }
+  void logits(Step& s, int64_t nt, float* out) override { dsv4::matmul(w_.head, s.x, nt, out); }
 
  private:
-  const LayerW& layer(int64_t l) const { return l < w_.cfg.n_layers ? w_.layers[l] : w_.mtp->block; }
+  void block_entries(const Attend& a, const LayerW& L, int64_t row0, int64_t pos0, int64_t B,
+                     std::vector<std::vector<int32_t>>& top, std::vector<int32_t>& uni) const;
   void check_mine(const SequenceState& st) const {
     const size_t want = static_cast<size_t>(w_.cfg.n_layers + (w_.mtp ? 1 : 0));
     if (st.layers.size() != want || st.device) throw Error("sequence state does not belong to this model", ErrorKind::Internal);
   }
-  void run_attention(int64_t l, Step& s) const;
-  void attend_sequence(const LayerW& L, const RopeTable& rope, LayerState& ls, const StepSeq& q, const float* qs, const float* kv,
-                       const float* qi, const float* wi, const std::vector<RopeTable::At>& rot, float* o) const;
-  void run_moe(const LayerW& L, const float* x, const int32_t* tokens, int64_t T, float* out) const;
+  // The rotations of the step's rows with layer l's table: cos/sin (in double) made once per
+  // step and table, shared by the queries, KV, indexer queries and outputs of every layer with it.
+  const std::vector<RopeTable::At>& rotations(int64_t l, const Step& s) {
+    Rotations& r = rot_[rot_of_[l]];
+    if (r.step != step_) {
+      r.rot.resize(static_cast<size_t>(s.T));
+      for_each_token(s.T, [&](int64_t t) { r.rot[t] = rope_[l].at(s.plan->pos[t]); });
+      r.step = step_;
+    }
+    return r.rot;
+  }
 
   const ModelWeights& w_;
   std::vector<RopeTable> rope_;  // one per layer (main layers, then the MTP block)
+  struct Rotations {
+    uint64_t step = 0;
+    std::vector<RopeTable::At> rot;  // [T]
+  };
+  std::vector<Rotations> rot_;   // one per distinct table
+  std::vector<int64_t> rot_of_;  // per layer: its entry of rot_
+  uint64_t step_ = 0;            // steps begun
 };
 
-void CpuBackend::run_attention(int64_t l, Step& s) const {
+void CpuBackend::compress(Step&, const CompressFeed& f) {
   const ModelConfig& c = w_.cfg;
-  const LayerW& L = layer(l);
-  const RopeTable& rope = rope_[l];
-  const AttentionW& A = L.attn;
-  const StepPlan& plan = *s.plan;
-  const int64_t T = s.T, H = c.n_heads, d = c.head_dim, Qr = c.q_lora, r = c.rope_dim;
-  const int64_t HI = c.index_heads, dI = c.index_dim;
-  const float eps = static_cast<float>(c.eps);
-  const float* x = s.x;
+  const AttentionW& A = w_.layer(f.layer).attn;
+  const StepSeq& q = *f.seq;
+  LayerState& ls = q.st->layers[f.layer];
+  const bool index = f.which == Comp::Index;
+  const CompressorW& cw = index ? A.indexer->comp : *A.comp;
+  const int64_t width = cw.coff * cw.out_dim, dout = cw.out_dim;
+  std::vector<float> fresh;
+  const int64_t added = compress_feed(c, cw, index ? ls.index_comp : ls.comp, rope_[f.layer], f.a + q.t0 * width,
+                                      f.g + q.t0 * width, q.n, q.p0, f.which, fresh);
+  for (int64_t i = 0; i < added; ++i) {
+    if (index) {
+      ls.index.encode(fresh.data() + i * dout, ls.index_keys.append());
+    } else {
+      ls.kv.encode(fresh.data() + i * dout, ls.entries.append());
+    }
+  }
+  if (index) DSV4_CHECK(ls.index_keys.size() == ls.entries.size());  // one key per entry
+}
 
-  // Every projection runs over all rows of the step (each weight read once); per-row work
-  // takes the row's own position.
-  // Queries: low-rank path, unweighted per-head norm, RoPE.
+void CpuBackend::index_topk(Step& s, const IndexTopk& k) {
+  const ModelConfig& c = w_.cfg;
+  const StepSeq& q = *k.seq;
+  const LayerState& ls = q.st->layers[k.layer];
+  const int64_t HI = c.index_heads, dI = c.index_dim, K = c.index_topk, ratio = w_.layer(k.layer).ratio;
+  const int64_t n_keys = ls.index_keys.size();
+  // Every key decoded once for all of the sequence's queries.
   Arena::Scope scope(thread_arena());
-  Buf qr = raw(T * Qr), q = raw(T * H * d), kv = raw(T * d);
-  matmul(A.wq_a, x, T, qr.data());
-  for_each_token(T, [&](int64_t t) { rmsnorm(qr.data() + t * Qr, A.q_norm.data(), Qr, eps, qr.data() + t * Qr); });
-  matmul(A.wq_b, qr.data(), T, q.data());
-  std::vector<RopeTable::At> rot(static_cast<size_t>(T));  // per row, shared by every head and vector
-  for_each_token(T, [&](int64_t t) {
-    rot[t] = rope.at(plan.pos[t]);
-    for (int64_t h = 0; h < H; ++h) {
-      float* qh = q.data() + (t * H + h) * d;
-      rmsnorm(qh, nullptr, d, eps, qh);
-      rot[t].apply(qh, d);
+  Buf keys = raw(n_keys * dI);
+  for_each_token(n_keys, [&](int64_t b) { ls.index.decode(ls.index_keys.row(b), keys.data() + b * dI); });
+  for (int64_t t = q.t0; t < q.t0 + q.n; ++t) {
+    const int64_t vis = (s.plan->pos[t] + 1) / ratio;  // entries whose block has closed
+    const std::vector<int32_t> top = indexer_topk(k.q + t * HI * dI, k.w + t * HI, keys.data(), vis, HI, dI, K);
+    std::copy(top.begin(), top.end(), k.sel + t * K);
+    k.sel_n[t] = static_cast<int32_t>(top.size());
+  }
+}
+
+// The compressed entries each of the B queries from step row `row0` (position pos0) reads, in
+// its order: the indexer's top-k (CSA), else every entry whose block has closed; `uni` gets
+// their union, sorted, or (a block of one query: decode) as the query's own order.
+void CpuBackend::block_entries(const Attend& a, const LayerW& L, int64_t row0, int64_t pos0, int64_t B,
+                               std::vector<std::vector<int32_t>>& top, std::vector<int32_t>& uni) const {
+  const int64_t K = w_.cfg.index_topk;
+  top.assign(static_cast<size_t>(B), {});
+  uni.clear();
+  for (int64_t b = 0; b < B; ++b) {
+    if (a.sel) {
+      const int64_t row = row0 + b;
+      top[b].assign(a.sel + row * K, a.sel + row * K + a.sel_n[row]);
+    } else {
+      const int64_t vis = L.kind() != LayerKind::Window ? (pos0 + b + 1) / L.ratio : 0;
+      top[b].resize(static_cast<size_t>(vis));
+      for (int64_t i = 0; i < vis; ++i) top[b][i] = static_cast<int32_t>(i);
     }
-  });
-  // The single KV head: norm, RoPE, FP8 simulation of the non-rope part.
-  matmul(A.wkv, x, T, kv.data());
-  for_each_token(T, [&](int64_t t) {
-    float* k = kv.data() + t * d;
-    rmsnorm(k, A.kv_norm.data(), d, eps, k);
-    rot[t].apply(k, d);
-    fp8sim(k, static_cast<size_t>(d - r), 64);
-  });
-
-  // Compressor rows (CSA / HCA) and indexer queries and head weights (CSA).
-  const LayerKind kind = L.kind();
-  Buf ca, cg, ia, ig, qi, wi;
-  if (kind != LayerKind::Window) {
-    const int64_t width = A.comp->coff * A.comp->out_dim;
-    ca = raw(T * width);
-    cg = raw(T * width);
-    compress_project(*A.comp, x, T, ca.data(), cg.data());
+    uni.insert(uni.end(), top[b].begin(), top[b].end());
   }
-  if (kind == LayerKind::CSA) {
-    const IndexerW& ix = *A.indexer;
-    const int64_t iwidth = ix.comp.coff * ix.comp.out_dim;
-    ia = raw(T * iwidth);
-    ig = raw(T * iwidth);
-    compress_project(ix.comp, x, T, ia.data(), ig.data());
-    qi = raw(T * HI * dI);
-    wi = raw(T * HI);
-    matmul(ix.wq_b, qr.data(), T, qi.data());
-    for_each_token(T, [&](int64_t t) {
-      for (int64_t h = 0; h < HI; ++h) {
-        float* v = qi.data() + (t * HI + h) * dI;
-        rot[t].apply(v, dI);
-        hadamard(v, dI);
-        fp4sim(v, static_cast<size_t>(dI), 32);
-      }
-    });
-    matmul(ix.weights_proj, x, T, wi.data());
-    const float ws = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dI)) / std::sqrt(static_cast<double>(HI)));
-    for (float& v : wi) v *= ws;
+  if (B > 1) {
+    std::sort(uni.begin(), uni.end());
+    uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
   }
-
-  // Per sequence: its compressed entries for blocks closing in its rows (visible to its later
-  // queries of the step), then its queries over its own keys.
-  Buf o = raw(T * H * d);  // every row's heads are written by its sequence's attention
-  for (const StepSeq& qs : plan.seqs) {
-    LayerState& ls = qs.st->layers[l];
-    if (kind != LayerKind::Window) {
-      const int64_t width = A.comp->coff * A.comp->out_dim;
-      std::vector<float> fresh;
-      const int64_t added = compress_feed(c, *A.comp, ls.comp, rope, ca.data() + qs.t0 * width, cg.data() + qs.t0 * width, qs.n,
-                                          qs.p0, false, fresh);
-      for (int64_t i = 0; i < added; ++i) ls.kv.encode(fresh.data() + i * d, ls.entries.append());
-      if (kind == LayerKind::CSA) {
-        const CompressorW& ic = A.indexer->comp;
-        const int64_t iwidth = ic.coff * ic.out_dim;
-        fresh.clear();
-        const int64_t added_i = compress_feed(c, ic, ls.index_comp, rope, ia.data() + qs.t0 * iwidth, ig.data() + qs.t0 * iwidth,
-                                              qs.n, qs.p0, true, fresh);
-        DSV4_CHECK(added_i == added);
-        for (int64_t i = 0; i < added; ++i) ls.index.encode(fresh.data() + i * dI, ls.index_keys.append());
-      }
-    }
-    attend_sequence(L, rope, ls, qs, q.data() + qs.t0 * H * d, kv.data() + qs.t0 * d,
-                    kind == LayerKind::CSA ? qi.data() + qs.t0 * HI * dI : nullptr,
-                    kind == LayerKind::CSA ? wi.data() + qs.t0 * HI : nullptr, rot, o.data() + qs.t0 * H * d);
-  }
-  for_each_token(T, [&](int64_t t) {
-    for (int64_t h = 0; h < H; ++h) rot[t].apply(o.data() + (t * H + h) * d, d, /*inverse=*/true);
-  });
-
-  // Grouped low-rank output projection.
-  const int64_t G = c.o_groups, Ro = c.o_lora, gw = H * d / G;
-  Buf z = raw(T * G * Ro);  // each group writes its Ro columns
-  for (int64_t g = 0; g < G; ++g) matmul(A.wo_a, g * Ro, (g + 1) * Ro, o.data() + g * gw, H * d, T, z.data() + g * Ro, G * Ro);
-  matmul(A.wo_b, z.data(), T, s.f);
 }
 
 // One sequence's queries (rows q.t0 .. q.t0 + q.n of the step, at positions q.p0..) over its
-// window and compressed entries; writes their heads to o and its window ring.
-void CpuBackend::attend_sequence(const LayerW& L, const RopeTable& rope, LayerState& ls, const StepSeq& qs, const float* qv,
-                                 const float* kv, const float* qi, const float* wi, const std::vector<RopeTable::At>& rot,
-                                 float* o) const {
+// window and compressed entries; writes their heads to out and its window ring.
+void CpuBackend::attend(Step&, const Attend& a) {
   const ModelConfig& c = w_.cfg;
-  const AttentionW& A = L.attn;
+  const LayerW& L = w_.layer(a.layer);
+  const StepSeq& qs = *a.seq;
+  LayerState& ls = qs.st->layers[a.layer];
   const int64_t H = c.n_heads, d = c.head_dim, W = c.window, T = qs.n, p0 = qs.p0;
-  const int64_t HI = c.index_heads, dI = c.index_dim;
-  const int64_t ratio = L.ratio;
   const LayerKind kind = L.kind();
   const int64_t n_entries = ls.entries.size();
+  const float* qv = a.q + qs.t0 * H * d;
+  const float* kv = a.kv + qs.t0 * d;
+  float* o = a.out + qs.t0 * H * d;
 
   // Cached vectors decoded once per chunk where every query reads them: the window ring (only
-  // positions before the chunk), all entries of an HCA layer, all indexer keys.
+  // positions before the chunk), all entries of an HCA layer.
+  Arena::Scope scope(thread_arena());
   const int64_t ring_n = std::min(W, p0);
   Buf ring = raw(ls.ring * d);  // only the decoded slots are read: window keys start at p0 - ring_n or later
   for (int64_t j = p0 - ring_n; j < p0; ++j) ls.kv.decode(ls.window_slot(j), ring.data() + (j % ls.ring) * d);
   // CSA entries too when a chunk has many queries (each reads up to top-k of them) and they are
   // few enough to hold decoded; else each query decodes the ones it selected.
-  Buf ent, ikeys;
+  Buf ent;
   const bool all_entries = kind == LayerKind::HCA || (kind == LayerKind::CSA && T > 1 && n_entries * d <= kMaxDecodedEntryFloats);
   if (all_entries) {
     ent = raw(n_entries * d);
     for_each_token(n_entries, [&](int64_t bb) { ls.kv.decode(ls.entries.row(bb), ent.data() + bb * d); });
-  }
-  if (kind == LayerKind::CSA) {
-    ikeys = raw(n_entries * dI);
-    for_each_token(n_entries, [&](int64_t bb) { ls.index.decode(ls.index_keys.row(bb), ikeys.data() + bb * dI); });
   }
 
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
@@ -324,23 +350,7 @@ void CpuBackend::attend_sequence(const LayerW& L, const RopeTable& rope, LayerSt
     const int64_t B = std::min(kQueryBlock, T - t0), BH = B * H;
     const int64_t pos0 = p0 + t0, last = pos0 + B - 1;
     const int64_t first0 = std::max<int64_t>(0, pos0 - W + 1), nwin = last - first0 + 1;
-    top.assign(static_cast<size_t>(B), {});
-    uni.clear();
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t vis = ratio > 0 ? (pos0 + b + 1) / ratio : 0;  // entries whose block has closed
-      if (kind == LayerKind::CSA) {
-        top[b] = indexer_topk(qi + (t0 + b) * HI * dI, wi + (t0 + b) * HI, ikeys.data(), vis, HI, dI, c.index_topk);
-      } else {
-        top[b].resize(static_cast<size_t>(vis));
-        for (int64_t i = 0; i < vis; ++i) top[b][i] = static_cast<int32_t>(i);
-      }
-      uni.insert(uni.end(), top[b].begin(), top[b].end());
-    }
-    // A block of one query (decode) keeps its own order, so its keys are the union as built.
-    if (B > 1) {
-      std::sort(uni.begin(), uni.end());
-      uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
-    }
+    block_entries(a, L, qs.t0 + t0, pos0, B, top, uni);
     // The union's keys: the block's window positions, then its entries.
     const int64_t nu = nwin + static_cast<int64_t>(uni.size());
     uk.resize(static_cast<size_t>(nu * d));
@@ -364,7 +374,7 @@ void CpuBackend::attend_sequence(const LayerW& L, const RopeTable& rope, LayerSt
     // (decode) uses the union as its keys and spreads its heads over the pool; a larger block
     // runs whole queries in parallel, each gathering its keys on its thread (the gathers and
     // the many small products were serial, or one pool job each). Same bits either way.
-    auto attend_query = [&](int64_t b, bool on_pool, std::vector<float>& pb, std::vector<float>& kb) {
+    auto attend_query = [&](int64_t b, RunOn where, std::vector<float>& pb, std::vector<float>& kb) {
       const int64_t pos = pos0 + b, first = std::max<int64_t>(0, pos - W + 1);
       const int64_t n = pos - first + 1 + static_cast<int64_t>(top[b].size());
       const bool own = B == 1;
@@ -379,60 +389,20 @@ void CpuBackend::attend_sequence(const LayerW& L, const RopeTable& rope, LayerSt
       for (int64_t k = first; k <= pos; ++k) take(k - first0);
       for (int32_t e : top[b]) take(slot[e]);
       count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));  // this query's scores
-      attend_scores(pb.data(), H, own ? uk.data() : kb.data(), n, d, A.sink.data(), scale, o + (t0 + b) * H * d, on_pool);
+      attend_scores(pb.data(), H, own ? uk.data() : kb.data(), n, d, L.attn.sink.data(), scale, o + (t0 + b) * H * d, where);
     };
     if (B == 1) {
-      attend_query(0, /*on_pool=*/true, p, keys);
+      attend_query(0, RunOn::Pool, p, keys);
     } else {
       thread_pool().parallel_for(B, [&](int64_t bb, int64_t be) {
         thread_local std::vector<float> pb, kb;
-        for (int64_t b = bb; b < be; ++b) attend_query(b, /*on_pool=*/false, pb, kb);
+        for (int64_t b = bb; b < be; ++b) attend_query(b, RunOn::Caller, pb, kb);
       }, static_cast<int>(B));
     }
   }
 
   // The window ring keeps the last W + kRewind positions for later chunks.
   for (int64_t t = std::max<int64_t>(0, T - ls.ring); t < T; ++t) ls.kv.encode(kv + t * d, ls.window_slot(p0 + t));
-}
-
-void CpuBackend::run_moe(const LayerW& L, const float* x, const int32_t* tokens, int64_t T, float* out) const {
-  const ModelConfig& c = w_.cfg;
-  const MoEW& F = L.ffn;
-  const int64_t D = c.dim, E = c.n_experts, k = c.n_active, I = c.moe_inter;
-  const float lim = static_cast<float>(c.swiglu_limit);
-
-  Arena::Scope scope(thread_arena());
-  Buf logits = raw(T * E);
-  matmul(F.gate, x, T, logits.data());
-  // Routing: per expert, the tokens it serves and their weights.
-  std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
-  std::vector<int32_t> ids(static_cast<size_t>(k));
-  std::vector<float> wts(static_cast<size_t>(k));
-  for (int64_t t = 0; t < T; ++t) {
-    route_token(logits.data() + t * E, E, k, L.hash ? nullptr : F.bias.data(), L.hash ? F.tid2eid.data() + tokens[t] * k : nullptr,
-                c.route_scale, ids.data(), wts.data());
-    for (int64_t j = 0; j < k; ++j) routed[ids[j]].push_back({t, wts[j]});
-  }
-
-  auto run_expert = [&](const ExpertW& ew, const std::vector<std::pair<int64_t, float>>& toks) {
-    const int64_t n = static_cast<int64_t>(toks.size());
-    if (n == 0) return;
-    Arena::Scope expert_scope(thread_arena());
-    Buf xs = raw(n * D), g = raw(n * I), u = raw(n * I), y = raw(n * D);
-    for_each_token(n, [&](int64_t i) { std::copy(x + toks[i].first * D, x + (toks[i].first + 1) * D, xs.begin() + i * D); });
-    matmul(ew.w1, xs.data(), n, g.data());
-    matmul(ew.w3, xs.data(), n, u.data());
-    for_each_token(n, [&](int64_t i) { swiglu_clamped(g.data() + i * I, u.data() + i * I, I, lim, toks[i].second); });
-    matmul(ew.w2, g.data(), n, y.data());
-    // An expert serves each token at most once: rows of out are distinct.
-    for_each_token(n, [&](int64_t i) {
-      for (int64_t dd = 0; dd < D; ++dd) out[toks[i].first * D + dd] += y[i * D + dd];
-    });
-  };
-  for (int64_t e = 0; e < E; ++e) run_expert(F.experts[e], routed[e]);
-  std::vector<std::pair<int64_t, float>> all;
-  for (int64_t t = 0; t < T; ++t) all.push_back({t, 1.0f});
-  run_expert(F.shared, all);
 }
 
 }  // namespace

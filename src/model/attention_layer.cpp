@@ -1,0 +1,96 @@
+// The attention sublayer (MODEL.md "Attention"): low-rank queries, one KV head, the compressed
+// entries of CSA / HCA layers, the CSA indexer, sparse attention with a sink, grouped output.
+#include <algorithm>
+#include <cmath>
+
+#include "core/arena.h"
+#include "model/layers.h"
+
+namespace dsv4 {
+
+namespace {
+
+// A CSA layer's indexer inputs over all rows of the step: its compressor's rows, its queries
+// (from the query path's low-rank qr: RoPE, Hadamard, fp4 simulation) and head weights; and
+// room for each query's top-k selection.
+struct IndexerRows {
+  float *a = nullptr, *g = nullptr, *q = nullptr, *w = nullptr;
+  int32_t *sel = nullptr, *sel_n = nullptr;
+};
+
+IndexerRows indexer_rows(Backend& be, const ModelConfig& c, int64_t l, const IndexerW& ix, const float* qr, Backend::Step& s) {
+  const int64_t T = s.T, HI = c.index_heads, dI = c.index_dim, width = ix.comp.coff * ix.comp.out_dim;
+  IndexerRows r;
+  r.a = be.tmp(s, Tmp::IndexA, T * width);
+  r.g = be.tmp(s, Tmp::IndexG, T * width);
+  be.matmul(s, {&ix.comp.wkv, s.x, T, r.a});
+  be.matmul(s, {&ix.comp.wgate, s.x, T, r.g});
+  r.q = be.tmp(s, Tmp::IndexQ, T * HI * dI);
+  r.w = be.tmp(s, Tmp::IndexW, T * HI);
+  be.matmul(s, {&ix.wq_b, qr, T, r.q});
+  be.vec_ops(s, {.v = r.q, .heads = HI, .dim = dI, .rope = RopeDir::Forward, .layer = l, .sim = QuantSim::HadamardFp4});
+  be.matmul(s, {&ix.weights_proj, s.x, T, r.w});
+  be.scale(s, r.w, T * HI, static_cast<float>(1.0 / std::sqrt(static_cast<double>(dI)) / std::sqrt(static_cast<double>(HI))));
+  r.sel = be.tmp_ints(s, Tmp::Sel, T * std::max<int64_t>(c.index_topk, 1));
+  r.sel_n = be.tmp_ints(s, Tmp::SelN, T);
+  return r;
+}
+
+}  // namespace
+
+void attention_layer(Backend& be, const ModelConfig& c, int64_t l, const LayerW& L, Backend::Step& s) {
+  const AttentionW& A = L.attn;
+  const LayerKind kind = L.kind();
+  const int64_t T = s.T, H = c.n_heads, d = c.head_dim, Qr = c.q_lora;
+  const double eps = static_cast<float>(c.eps);  // attention's norms take eps rounded to float32
+
+  // Projections run over all rows of the step (each weight read once); per-row stages take the
+  // row's own position. The CPU's temporaries of the sublayer are given back at the end.
+  Arena::Scope scope(thread_arena());
+  float* qr = be.tmp(s, Tmp::Qr, T * Qr);
+  float* q = be.tmp(s, Tmp::Q, T * H * d);
+  float* kv = be.tmp(s, Tmp::Kv, T * d);
+  // Queries: low-rank path, unweighted per-head norm, RoPE.
+  be.matmul(s, {&A.wq_a, s.x, T, qr});
+  be.rmsnorm(s, {qr, T, Qr, &A.q_norm, eps});
+  be.matmul(s, {&A.wq_b, qr, T, q});
+  be.vec_ops(s, {.v = q, .heads = H, .dim = d, .norm = VecNorm::Rms, .eps = eps, .rope = RopeDir::Forward, .layer = l});
+  // The single KV head: norm, RoPE, FP8 simulation of the non-RoPE part.
+  be.matmul(s, {&A.wkv, s.x, T, kv});
+  be.vec_ops(s, {.v = kv, .dim = d, .norm = VecNorm::Rms, .weight = &A.kv_norm, .eps = eps, .rope = RopeDir::Forward,
+                 .layer = l, .sim = QuantSim::Fp8});
+
+  // Compressor rows (CSA / HCA); CSA: the indexer's rows.
+  float *ca = nullptr, *cg = nullptr;
+  if (kind != LayerKind::Window) {
+    const int64_t width = A.comp->coff * A.comp->out_dim;
+    ca = be.tmp(s, Tmp::CompA, T * width);
+    cg = be.tmp(s, Tmp::CompG, T * width);
+    be.matmul(s, {&A.comp->wkv, s.x, T, ca});
+    be.matmul(s, {&A.comp->wgate, s.x, T, cg});
+  }
+  const IndexerRows ix = kind == LayerKind::CSA ? indexer_rows(be, c, l, *A.indexer, qr, s) : IndexerRows{};
+
+  // Per sequence: its compressed entries for blocks closing in its rows (visible to its later
+  // queries of the step), CSA's top-k entries per query, then its queries over its own keys.
+  float* o = be.tmp(s, Tmp::O, T * H * d);  // every row's heads are written by its sequence's attend
+  for (const StepSeq& seq : s.plan->seqs) {
+    if (kind != LayerKind::Window) be.compress(s, {&seq, l, Comp::Kv, ca, cg});
+    if (kind == LayerKind::CSA) {
+      be.compress(s, {&seq, l, Comp::Index, ix.a, ix.g});
+      be.index_topk(s, {&seq, l, ix.q, ix.w, ix.sel, ix.sel_n});
+    }
+    be.attend(s, {&seq, l, q, kv, ix.sel, ix.sel_n, o});
+  }
+  be.vec_ops(s, {.v = o, .heads = H, .dim = d, .rope = RopeDir::Inverse, .layer = l});
+
+  // Grouped low-rank output projection: group g's heads through rows [g*Ro, (g+1)*Ro) of wo_a.
+  const int64_t G = c.o_groups, Ro = c.o_lora, gw = H * d / G;
+  float* z = be.tmp(s, Tmp::Z, T * G * Ro);  // each group writes its Ro columns
+  for (int64_t g = 0; g < G; ++g)
+    be.matmul(s, {.w = &A.wo_a, .x = o + g * gw, .T = T, .y = z + g * Ro, .r0 = g * Ro, .r1 = (g + 1) * Ro, .ldx = H * d,
+                  .ldy = G * Ro});
+  be.matmul(s, {&A.wo_b, z, T, s.f});
+}
+
+}  // namespace dsv4
