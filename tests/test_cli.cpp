@@ -338,3 +338,22 @@ TEST(Cli, DeviceOption) {
   EXPECT_NE(help.output.find("--device D"), std::string::npos);
   fs::remove_all(dir);
 }
+
+// Memory limits are refused before anything runs, with the sizes named; a checkpoint larger
+// than the available memory is mapped and says so (DSV4_AVAILABLE_MEMORY plays a small machine).
+TEST(Cli, MemoryLimitsRefusedUpFront) {
+  const std::string m = " --model " + tiny() + "/model " + tokens_arg() + " --out " + temp_dir("cli-mem") + "/x.npy";
+  expect_one_line_error(dsv4_run("score" + m + " --memory-budget 0.01"), {"positions", "reserves", "memory budget"});
+  CliRun bad = dsv4_run("score" + m + " --memory-budget lots");
+  EXPECT_EQ(bad.status, 2) << bad.err;
+  const std::string small = "DSV4_AVAILABLE_MEMORY=100000 ";
+  CliRun read = {};
+  {
+    CommandResult c = run_command(small + DSV4_BIN + " score" + m + " --load read 2>&1 >/dev/null");
+    read = {c.status, c.output};
+  }
+  expect_one_line_error(read, {"--load read needs", "available", "--load mmap"});
+  CommandResult mapped = run_command(small + DSV4_BIN + " score" + m + " --load mmap --memory-budget none 2>&1 >/dev/null");
+  EXPECT_EQ(mapped.status, 0) << mapped.output;
+  EXPECT_NE(mapped.output.find("exceed the available memory"), std::string::npos) << mapped.output;
+}

@@ -313,3 +313,47 @@ TEST(EngineErrors, KindsAndNoChange) {
   e.step({{&f, {5, 6, 7}, Rows::None}});
   EXPECT_EQ(e.step({{&s, {9}, Rows::Last}})[0].logits, e.step({{&f, {9}, Rows::Last}})[0].logits);
 }
+
+// The memory budget: a sequence reserves the cache it can take at its longest when it is made;
+// one that would not fit is refused (ResourceExhausted) and nothing is reserved; destroying a
+// sequence returns its reservation; steps past max_positions are refused. The reservation is
+// exactly what a sequence filled to max_positions references.
+TEST(EngineBudget, ReservesUpFrontAndRefuses) {
+  const std::string dir = golden_dir("tiny-native");
+  Engine probe({.model_dir = dir + "/model"});
+  const int64_t per = static_cast<int64_t>(probe.sequence_bytes(300));
+  ASSERT_GT(per, 0);
+  Engine e({.model_dir = dir + "/model", .memory_budget = 2 * per + per / 2});
+  EXPECT_EQ(e.info().memory_budget, 2 * per + per / 2);
+  std::mt19937 g(7);
+  const std::vector<int32_t> toks = random_tokens(g, 300, e.info().vocab);
+  Sequence a = e.new_sequence({.max_positions = 300});
+  EXPECT_EQ(a.max_positions(), 300);
+  EXPECT_EQ(e.reserved_bytes(), per);
+  feed(e, a, toks, 64);
+  EXPECT_EQ(static_cast<int64_t>(a.cache_bytes()), per);  // the bound is tight for a fresh sequence
+  auto kind_of = [&](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& err) {
+      return static_cast<int>(err.kind);
+    }
+    return -1;
+  };
+  EXPECT_EQ(kind_of([&] { e.step({{&a, {5}}}); }), static_cast<int>(ErrorKind::ResourceExhausted));  // past 300
+  {
+    Sequence b = e.fork(a);
+    EXPECT_EQ(e.reserved_bytes(), 2 * per);
+    EXPECT_EQ(kind_of([&] { e.new_sequence({.max_positions = 300}); }), static_cast<int>(ErrorKind::ResourceExhausted));
+    EXPECT_EQ(kind_of([&] { e.restore(e.snapshot(a)); }), static_cast<int>(ErrorKind::ResourceExhausted));
+    EXPECT_EQ(e.reserved_bytes(), 2 * per);  // refusals reserve nothing
+    EXPECT_EQ(kind_of([&] { e.new_sequence(); }), static_cast<int>(ErrorKind::ResourceExhausted));  // the whole context
+    EXPECT_EQ(kind_of([&] { e.new_sequence({.max_positions = e.info().context + 1}); }), static_cast<int>(ErrorKind::BadInput));
+  }
+  EXPECT_EQ(e.reserved_bytes(), per);  // b returned its share
+  Sequence c = e.restore(e.snapshot(a), 310);
+  EXPECT_EQ(c.max_positions(), 310);
+  EXPECT_EQ(kind_of([&] { e.fork(a, 200); }), static_cast<int>(ErrorKind::BadInput));  // holds 300 already
+  e.step({{&c, {5}, Rows::None}});  // restored state continues under its own limit
+  EXPECT_EQ(c.pos(), 301);
+}

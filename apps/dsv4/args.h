@@ -92,6 +92,20 @@ inline WeightLoad load_mode_option(const Args& a) {
   }
 }
 
+// --memory-budget MB | auto | none: what the sequences' caches may reserve together (default
+// auto: 90% of the memory available after loading). A sequence that would not fit is refused
+// before anything runs.
+inline int64_t memory_budget_option(const Args& a) {
+  const std::string v = a.str("memory-budget", "auto");
+  if (v == "auto") return kAutoMemoryBudget;
+  if (v == "none") return 0;
+  char* end = nullptr;
+  const double mb = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !(mb > 0) || mb > 1e9)
+    throw Usage("--memory-budget must be a size in MB, auto or none, got '" + v + "'");
+  return static_cast<int64_t>(mb * 1024 * 1024);
+}
+
 // Comma-separated token ids.
 std::vector<int32_t> parse_tokens(const std::string& s);
 

@@ -59,6 +59,7 @@ int cmd_score(const Args& a) {
   eo.threads = static_cast<int>(a.integer("threads", 0));
   eo.load = load_mode_option(a);
   eo.device = device_option(a);
+  eo.memory_budget = memory_budget_option(a);
   a.check_all_used();
   if (token_args.empty()) throw Usage("missing required option --tokens");
   if (outs.size() != token_args.size())
@@ -137,6 +138,7 @@ int cmd_bench(const Args& a) {
   o.profile = a.flag("profile");
   o.load = load_mode_option(a);
   o.device = device_option(a);
+  o.memory_budget = memory_budget_option(a);
   o.batches.clear();
   for (const std::string& b : split_commas(a.str("batch", "1"))) {
     char* end = nullptr;

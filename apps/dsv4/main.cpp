@@ -29,7 +29,12 @@ Commands:
       --threads N        worker threads (default: all cores)
       --load M           auto | mmap | read: map the checkpoint files, or read them into
                          memory (faster decode, costs a copy at start); auto reads when the
-                         weights take at most half of the available memory (default auto)
+                         weights take at most half of the available memory (default auto);
+                         read refuses weights larger than the available memory; mmap of such
+                         a checkpoint works (decode then runs at disk speed) and says so
+      --memory-budget M  MB the sequences' caches may reserve together, auto (90% of the memory
+                         available after loading; default) or none; a sequence that would not
+                         fit at its longest is refused before anything runs
       --out F.npy        output: float32 NumPy array [T, vocab] (once per --tokens, in order)
       --mtp-out F.npy    (one sequence) also the MTP block's logits [T-1, vocab]: row t is the
                          block at position t given token t+1, predicting token t+2
@@ -70,7 +75,8 @@ Commands:
       --tokenizer DIR    tokenizer.json location (default: the model directory)
       --context N        context limit in tokens (default: the model's max positions)
       --chunk C, --threads N   prefill chunk size, worker threads
-      --load M           auto | mmap | read (see score)
+      --load M, --memory-budget M   (see score); the conversation reserves cache for
+                         --context positions up front
       --device D         cpu | cuda (see score); on cuda the caches are sized for --context,
                          which defaults to min(max positions, 8192) there
       A timing summary (prompt tokens, prefill and decode tok/s) goes to stderr.
@@ -108,7 +114,7 @@ Commands:
                          from the prefilled one decode together; a table of aggregate tok/s,
                          weight bytes per step and their share of the bandwidth
       --threads N        worker threads (default: all cores)
-      --load M           auto | mmap | read (see score)
+      --load M, --memory-budget M   (see score)
       --device D         cpu | cuda (see score). On cuda only prefill and decode tok/s are
                          measured: the host limits, byte/FLOP counts and roofline ratios are 0
       --json             one JSON object: prefill_tok_s, decode_tok_s, decode_bytes_per_token,

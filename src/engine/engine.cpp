@@ -1,10 +1,13 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <set>
 #include <sys/stat.h>
 
 #include "backends/cpu/cpu_backend.h"
+#include "core/sysmem.h"
 #include "core/threads.h"
 #include "io/safetensors.h"
 #include "model/forward.h"
@@ -16,6 +19,15 @@
 #endif
 
 namespace dsv4 {
+
+// ---- Memory budget ------------------------------------------------------------------------
+
+// Cache bytes reserved by live sequences. Shared with them so a sequence destroyed after its
+// engine does not touch freed memory (it must not outlive it, but a dangling count is cheap).
+struct Engine::Budget {
+  int64_t limit = 0;  // 0 = no limit
+  std::atomic<int64_t> reserved{0}, sequences{0};
+};
 
 // ---- Sequence / Snapshot ------------------------------------------------------------------
 
@@ -33,6 +45,15 @@ struct Sequence::Impl {
   // after a rewind to p the block needs position p - 1's.
   std::vector<float> hidden_ring;
   static constexpr int64_t kRingRows = kCheapRewind + 1;
+  int64_t max_positions = 0;
+  std::shared_ptr<Engine::Budget> budget;  // set once the reservation below is taken
+  int64_t reserved = 0;
+  ~Impl() {
+    if (budget) {
+      budget->reserved -= reserved;
+      budget->sequences -= 1;
+    }
+  }
 };
 
 Sequence::Sequence() = default;
@@ -46,6 +67,7 @@ int64_t Sequence::mtp_pos() const { return impl_ ? impl_->st.mtp_pos : 0; }
 const std::vector<int32_t>& Sequence::tokens() const { return impl_ ? impl_->tokens : kNoTokens; }
 bool Sequence::broken() const { return impl_ && impl_->broken; }
 bool Sequence::mtp() const { return impl_ && impl_->mtp; }
+int64_t Sequence::max_positions() const { return impl_ ? impl_->max_positions : 0; }
 size_t Sequence::cache_bytes() const {
   size_t n = 0;
   if (impl_)
@@ -60,6 +82,7 @@ struct Snapshot::Impl {
   bool mtp = false;
   int64_t confirmed = 0;
   std::vector<float> hidden_ring;
+  int64_t max_positions = 0;
 };
 
 Snapshot::Snapshot() = default;
@@ -149,6 +172,55 @@ Engine::Engine(const EngineOptions& o) {
     if (::stat(p.c_str(), &sb) == 0) tok = p;
   }
   if (!tok.empty()) tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(tok));
+  budget_ = std::make_shared<Budget>();
+  if (o.memory_budget == kAutoMemoryBudget) {
+    budget_->limit = static_cast<int64_t>(static_cast<double>(available_memory_bytes()) * 0.9);
+    if (budget_->limit <= 0) budget_->limit = 0;  // unknown: no limit
+  } else if (o.memory_budget < 0) {
+    throw Error("memory budget must be >= 0 bytes (or automatic), got " + std::to_string(o.memory_budget));
+  } else {
+    budget_->limit = o.memory_budget;
+  }
+  if (o.device != Device::Cpu) budget_->limit = 0;  // device caches are sized at load
+  info_.memory_budget = budget_->limit;
+}
+
+size_t Engine::sequence_bytes(int64_t positions, bool mtp) const {
+  if (info_.device != "cpu") return 0;
+  // Every CPU sequence state carries the MTP layer when the model has one; it grows only for
+  // MTP sequences.
+  return sequence_cache_bytes(model_->config(), positions, info_.has_mtp ? (mtp ? positions : 0) : -1);
+}
+
+int64_t Engine::reserved_bytes() const { return budget_->reserved.load(); }
+
+static std::string mib(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return b;
+}
+
+// Takes q's reservation for up to `max_positions` positions (0 = the context), or throws
+// without changing anything.
+void Engine::reserve(Sequence::Impl& q, int64_t max_positions, const char* what) {
+  if (max_positions < 0 || max_positions > info_.context)
+    throw Error(std::string(what) + ": max_positions " + std::to_string(max_positions) + " outside [1, " +
+                std::to_string(info_.context) + "] (the context limit; 0 = all of it)");
+  const int64_t maxp = max_positions == 0 ? info_.context : max_positions;
+  const int64_t need = static_cast<int64_t>(sequence_bytes(maxp, q.mtp));
+  const int64_t now = budget_->reserved.load();
+  if (budget_->limit > 0 && now + need > budget_->limit)
+    throw Error(std::string(what) + ": a sequence of up to " + std::to_string(maxp) + " positions reserves " + mib(need) +
+                    " of cache, more than the " + mib(budget_->limit - now) + " left of the " + mib(budget_->limit) +
+                    " memory budget" +
+                    (now > 0 ? " (" + std::to_string(budget_->sequences.load()) + " live sequences reserve " + mib(now) + ")" : "") +
+                    ": ask for fewer positions (a lower context or token limit) or raise the budget",
+                ErrorKind::ResourceExhausted);
+  q.max_positions = maxp;
+  q.reserved = need;
+  q.budget = budget_;
+  budget_->reserved += need;
+  budget_->sequences += 1;
 }
 
 Engine::~Engine() = default;
@@ -169,8 +241,9 @@ Sequence Engine::new_sequence(const SequenceOptions& o) {
   Sequence s;
   s.impl_ = std::make_unique<Sequence::Impl>();
   s.impl_->owner = this;
-  s.impl_->st = model_->new_sequence();
   s.impl_->mtp = o.mtp;
+  reserve(*s.impl_, o.max_positions, "new sequence");
+  s.impl_->st = model_->new_sequence();
   if (o.mtp) s.impl_->hidden_ring.assign(static_cast<size_t>(Sequence::Impl::kRingRows * info_.hidden_size), 0.0f);
   return s;
 }
@@ -188,10 +261,20 @@ static std::unique_ptr<Sequence::Impl> copy_impl(const Engine* owner, const Mode
   return impl;
 }
 
-Sequence Engine::fork(const Sequence& src) {
+Sequence Engine::fork(const Sequence& src, int64_t max_positions) {
   check_seq(src, "fork");
+  const int64_t maxp = max_positions ? max_positions : src.impl_->max_positions;
+  if (src.impl_->st.pos > maxp)
+    throw Error("fork: the sequence holds " + std::to_string(src.impl_->st.pos) + " positions, more than max_positions " +
+                std::to_string(maxp));
+  auto probe = std::make_unique<Sequence::Impl>();
+  probe->mtp = src.impl_->mtp;
+  reserve(*probe, maxp, "fork");
   Sequence s;
   s.impl_ = copy_impl(this, *model_, *src.impl_);
+  std::swap(s.impl_->budget, probe->budget);
+  std::swap(s.impl_->reserved, probe->reserved);
+  s.impl_->max_positions = probe->max_positions;
   return s;
 }
 
@@ -204,16 +287,27 @@ Snapshot Engine::snapshot(const Sequence& src) {
   impl->mtp = src.impl_->mtp;
   impl->confirmed = src.impl_->confirmed;
   impl->hidden_ring = src.impl_->hidden_ring;
+  impl->max_positions = src.impl_->max_positions;
   Snapshot snap;
   snap.impl_ = std::move(impl);
   return snap;
 }
 
-Sequence Engine::restore(const Snapshot& snap) {
+Sequence Engine::restore(const Snapshot& snap, int64_t max_positions) {
   if (!snap.impl_) throw Error("restore: empty snapshot");
   if (snap.impl_->owner != this) throw Error("restore: the snapshot belongs to another engine");
+  const int64_t maxp = max_positions ? max_positions : snap.impl_->max_positions;
+  if (snap.impl_->st.pos > maxp)
+    throw Error("restore: the snapshot holds " + std::to_string(snap.impl_->st.pos) + " positions, more than max_positions " +
+                std::to_string(maxp));
+  auto probe = std::make_unique<Sequence::Impl>();
+  probe->mtp = snap.impl_->mtp;
+  reserve(*probe, maxp, "restore");
   Sequence s;
   s.impl_ = copy_impl(this, *model_, *snap.impl_);
+  std::swap(s.impl_->budget, probe->budget);
+  std::swap(s.impl_->reserved, probe->reserved);
+  s.impl_->max_positions = probe->max_positions;
   return s;
 }
 
@@ -267,6 +361,10 @@ void Engine::validate(const std::vector<StepRequest>& reqs) const {
     const int64_t end = r.seq->pos() + static_cast<int64_t>(r.tokens.size());
     if (end > info_.context)
       throw Error(where + ": " + std::to_string(end) + " tokens exceed the context limit of " + std::to_string(info_.context),
+                  ErrorKind::ResourceExhausted);
+    if (end > r.seq->max_positions())
+      throw Error(where + ": " + std::to_string(end) + " tokens exceed the sequence's max_positions of " +
+                      std::to_string(r.seq->max_positions()) + " (SequenceOptions::max_positions)",
                   ErrorKind::ResourceExhausted);
   }
 }

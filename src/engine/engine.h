@@ -47,7 +47,13 @@ struct EngineOptions {
   int threads = 0;          // CPU threads (0 = all cores)
   int64_t context = 0;      // positions a sequence may hold (0 = the model's max_position_embeddings)
   std::string tokenizer;    // tokenizer.json ("" = <model_dir>/tokenizer.json when present)
+  // Bytes the sequences' caches may reserve together (see SequenceOptions::max_positions):
+  // 0 = no limit, kAutoMemoryBudget = 90% of the memory available once the weights are loaded.
+  // Applies to the CPU backend's host caches (the CUDA backend sizes its device caches at load).
+  int64_t memory_budget = 0;
 };
+
+constexpr int64_t kAutoMemoryBudget = -1;
 
 // What apps may know about the loaded model.
 struct ModelInfo {
@@ -58,6 +64,7 @@ struct ModelInfo {
   bool has_mtp = false;
   int64_t hidden_size = 0;    // floats in one row of final hidden state (hc * dim)
   double weight_bytes = 0;    // bytes of the checkpoint's tensors
+  int64_t memory_budget = 0;  // bytes the sequences' caches may reserve together (0 = no limit)
 };
 
 // Tokens a truncate may drop without recomputing (speculative decoding rewinds every step).
@@ -80,6 +87,7 @@ class Sequence {
   size_t cache_bytes() const;                 // bytes of cache this sequence references
   bool broken() const;                        // a failed step left it half-written
   bool mtp() const;                           // SequenceOptions::mtp
+  int64_t max_positions() const;              // SequenceOptions::max_positions (resolved)
 
   struct Impl;  // opaque (engine/engine.cpp)
 
@@ -113,6 +121,11 @@ struct SequenceOptions {
   // the block consumes each position whose next token is known, so it can draft (Engine::draft)
   // and report its logits (StepRequest::mtp_logits). Costs one MTP block pass per token.
   bool mtp = false;
+  // The most positions this sequence will hold (0 = the engine's context). The engine reserves
+  // the cache this can take (Engine::sequence_bytes) against the memory budget when the
+  // sequence is made, so a sequence that would not fit is refused up front (ResourceExhausted)
+  // instead of running out of memory mid-generation; steps beyond it are refused.
+  int64_t max_positions = 0;
 };
 
 // One sequence's part of a step.
@@ -153,10 +166,12 @@ class Engine {
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
   const Tokenizer& tokenizer() const;  // throws Error when the model has no tokenizer.json
 
+  // Throws ResourceExhausted when the sequence's reservation does not fit the memory budget.
   Sequence new_sequence(const SequenceOptions& o = {});
-  Sequence fork(const Sequence& s);
+  // fork / restore reserve like new_sequence; max_positions 0 = that of the origin.
+  Sequence fork(const Sequence& s, int64_t max_positions = 0);
   Snapshot snapshot(const Sequence& s);
-  Sequence restore(const Snapshot& snap);
+  Sequence restore(const Snapshot& snap, int64_t max_positions = 0);
   // Drops the tokens at positions >= pos (and the MTP positions that depend on them): feeding
   // new tokens afterwards gives exactly what a fresh sequence fed the new stream gives.
   void truncate(Sequence& s, int64_t pos);
@@ -166,15 +181,23 @@ class Engine {
   // Drafts for each request's sequence (SequenceOptions::mtp), batched: n MTP passes.
   std::vector<std::vector<int32_t>> draft(const std::vector<DraftRequest>& reqs);
 
+  // The most cache bytes a sequence of up to `positions` positions reserves (0 on cuda).
+  size_t sequence_bytes(int64_t positions, bool mtp = false) const;
+  int64_t reserved_bytes() const;  // reserved by the live sequences
+
+  struct Budget;  // opaque (engine/engine.cpp)
+
  private:
   void check_seq(const Sequence& s, const char* what) const;
   void validate(const std::vector<StepRequest>& reqs) const;
   void run_step(const std::vector<StepRequest>& reqs, std::vector<StepResult>& out);
   void rebuild(Sequence& s, int64_t pos);
+  void reserve(Sequence::Impl& q, int64_t max_positions, const char* what);
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   ModelInfo info_;
+  std::shared_ptr<Budget> budget_;
 };
 
 WeightLoad parse_weight_load(const std::string& s);  // "auto" | "mmap" | "read"; throws Error

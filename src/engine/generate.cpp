@@ -10,6 +10,7 @@ namespace dsv4 {
 Session new_session(Engine& e, const GenerateOptions& opt) {
   SequenceOptions so;
   so.mtp = opt.draft > 0;
+  so.max_positions = opt.context_limit;  // reserved against the engine's memory budget
   return Session{e.new_sequence(so), {}};
 }
 

@@ -20,6 +20,7 @@ void score(Engine& e, std::vector<ScoreJob>& jobs) {
     if (job.mtp) job.mtp_logits.assign(static_cast<size_t>((T - 1) * V), 0.0f);
     SequenceOptions so;
     so.mtp = job.mtp;
+    so.max_positions = std::min(T, e.info().context);
     seqs.push_back(e.new_sequence(so));
   }
   // Each step: the next piece of every unfinished sequence (a prefill chunk or one token).

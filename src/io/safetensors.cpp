@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/sysmem.h"
 
 namespace dsv4 {
 
@@ -377,22 +378,17 @@ const char* load_mode_name(LoadMode m) {
   return "?";
 }
 
+static std::string fmt_gb(uint64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f GB", static_cast<double>(bytes) / 1e9);
+  return b;
+}
+
 LoadMode parse_load_mode(const std::string& s) {
   if (s == "auto") return LoadMode::Auto;
   if (s == "mmap") return LoadMode::Mmap;
   if (s == "read") return LoadMode::Read;
   throw Error("unknown load mode '" + s + "' (expected auto, mmap or read)");
-}
-
-// MemAvailable from /proc/meminfo in bytes; 0 if unknown.
-static uint64_t mem_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  uint64_t kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 0;
 }
 
 // Reads the whole file into fresh anonymous memory (huge pages advised), then makes it read-only.
@@ -473,10 +469,19 @@ TensorStore TensorStore::open_dir(const std::string& dir, LoadMode mode) {
 
   uint64_t total = 0;
   for (const auto& shard : shards) total += fs::file_size(fs::path(dir) / shard, ec);
-  if (mode == LoadMode::Auto) {
-    const uint64_t avail = mem_available_bytes();
-    mode = avail > 0 && total <= avail / 2 ? LoadMode::Read : LoadMode::Mmap;
-  }
+  const uint64_t avail = available_memory_bytes();
+  const double gb = 1e9;
+  if (mode == LoadMode::Auto) mode = avail > 0 && total <= avail / 2 ? LoadMode::Read : LoadMode::Mmap;
+  // Refused up front rather than an OOM kill halfway through reading.
+  if (mode == LoadMode::Read && avail > 0 && total > avail)
+    throw Error(dir + ": --load read needs " + fmt_gb(total) + " of memory for the weights but " + fmt_gb(avail) +
+                    " are available (use --load mmap: the weights then stay on disk and are paged in as used)",
+                ErrorKind::ResourceExhausted);
+  if (mode == LoadMode::Mmap && avail > 0 && total > avail)
+    std::fprintf(stderr,
+                 "dsv4: the weights (%.1f GB) exceed the available memory (%.1f GB): they stay mapped from disk and "
+                 "the pages a step touches are read again when evicted; this works, but decode runs at disk speed\n",
+                 static_cast<double>(total) / gb, static_cast<double>(avail) / gb);
   store.mode_ = mode;
   const bool report = mode == LoadMode::Read && total > (uint64_t{1} << 30);
   const auto t0 = std::chrono::steady_clock::now();

@@ -108,4 +108,20 @@ CacheCost layer_cache_cost(const ModelConfig& c, int64_t ratio) {
   return cost;
 }
 
+size_t sequence_cache_bytes(const ModelConfig& c, int64_t positions, int64_t mtp_positions) {
+  size_t total = 0;
+  for (int64_t l = 0; l < c.n_layers + (mtp_positions >= 0 ? 1 : 0); ++l) {
+    const LayerState L = make_layer(c, c.ratio(l));
+    total += L.private_bytes();
+    const LayerKind kind = ModelConfig::kind_of_ratio(L.ratio);
+    if (kind == LayerKind::Window) continue;
+    const int64_t rows = (l < c.n_layers ? positions : mtp_positions) / L.ratio;  // a partial block: compressor rows
+    const size_t pages = static_cast<size_t>((rows + RowStore::kRowsPerPage - 1) / RowStore::kRowsPerPage);
+    const size_t page_rows = static_cast<size_t>(RowStore::kRowsPerPage);
+    total += pages * page_rows * L.kv.bytes();
+    if (kind == LayerKind::CSA) total += pages * page_rows * L.index.bytes();
+  }
+  return total;
+}
+
 }  // namespace dsv4

@@ -116,4 +116,10 @@ struct CacheCost {
 };
 CacheCost layer_cache_cost(const ModelConfig& c, int64_t ratio);
 
+// The most host-cache bytes a sequence holding `positions` main-model positions can reference
+// (every layer's ring and compressor rows plus whole pages of entries and indexer keys), plus
+// the MTP block's layer holding `mtp_positions` (-1: the state has no MTP layer). Forks share
+// pages, so for them it is an upper bound.
+size_t sequence_cache_bytes(const ModelConfig& c, int64_t positions, int64_t mtp_positions);
+
 }  // namespace dsv4

@@ -70,6 +70,7 @@ BenchResult run_bench(const BenchOptions& o) {
   eo.load = o.load;
   eo.device = o.device;
   eo.threads = o.threads;
+  eo.memory_budget = o.memory_budget;
   if (!cpu) eo.context = o.prompt_len + o.gen + 1;
   Engine engine(eo);
   const ModelInfo& info = engine.info();
@@ -86,7 +87,10 @@ BenchResult run_bench(const BenchOptions& o) {
   std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_len));
   for (auto& t : prompt) t = next_random();
   std::fprintf(stderr, "bench: prefill %lld tokens...\n", static_cast<long long>(o.prompt_len));
-  Sequence seq = engine.new_sequence();
+  SequenceOptions so;
+  // Batch 1 continues this sequence (once per batch-1 row); forks reserve their own steps.
+  so.max_positions = std::min(info.context, o.prompt_len + o.gen * static_cast<int64_t>(o.batches.size()));
+  Sequence seq = engine.new_sequence(so);
   const bool profile = o.profile && cpu;
   set_matmul_profiling(profile);
   take_matmul_profile();  // start the prefill's period
@@ -107,7 +111,7 @@ BenchResult run_bench(const BenchOptions& o) {
     std::vector<Sequence> forks;
     std::vector<int32_t> next(static_cast<size_t>(B), first);
     for (int64_t b = 0; b < B && B > 1; ++b) {
-      forks.push_back(engine.fork(seq));
+      forks.push_back(engine.fork(seq, std::min(info.context, seq.pos() + o.gen)));
       next[b] = next_random();  // each its own continuation: different routes
     }
     std::vector<StepRequest> reqs(static_cast<size_t>(B));

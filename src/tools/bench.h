@@ -25,6 +25,7 @@ struct BenchOptions {
   std::vector<int64_t> batches = {1};
   // CPU: also time every matmul by weight format and shape (two clock reads per call).
   bool profile = false;
+  int64_t memory_budget = 0;  // EngineOptions::memory_budget
 };
 
 // Time inside matmul for one weight format and shape (`--profile`).
