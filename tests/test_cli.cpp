@@ -302,6 +302,15 @@ TEST(Cli, BenchProfileAccountsForEveryMatmul) {
   double bytes = 0;
   for (const auto& row : p.at("decode").at("matmul")) bytes += row.at("gb_s").get<double>() * row.at("ms").get<double>() * 1e6;
   EXPECT_NEAR(bytes / 4, j.at("decode_bytes_per_token").get<double>(), 1e-2 * bytes / 4);  // 4 digits in JSON
+  // The stages outside matmul that grow with the context are timed too (tiny-native has CSA,
+  // HCA and window layers); the cache the sequence reached is within its reserved bound.
+  std::set<std::string> stages;
+  for (const auto& row : p.at("decode").at("stages")) stages.insert(row.at("what").get<std::string>());
+  for (const char* s : {"indexer scan + top-k", "attend CSA", "attend HCA", "attend window", "compressor (entries)"})
+    EXPECT_TRUE(stages.count(s)) << s;
+  EXPECT_EQ(j.at("kv_positions").get<int64_t>(), 16 + 4);
+  EXPECT_GT(j.at("kv_bytes").get<double>(), 0.0);
+  EXPECT_LE(j.at("kv_bytes").get<double>(), j.at("kv_bound_bytes").get<double>());
   // Not with another device (usage error or, without one, the device's own error: never 0).
   EXPECT_NE(run_command(std::string(DSV4_BIN) + " bench --model " + tiny() + "/model --profile --device cuda 2>/dev/null").status, 0);
 }

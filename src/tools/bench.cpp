@@ -39,6 +39,12 @@ std::vector<BenchProfileRow> take_profile() {
   return out;
 }
 
+std::vector<BenchStageRow> take_stages() {
+  std::vector<BenchStageRow> out;
+  for (const StageProfileRow& p : take_stage_profile()) out.push_back({p.what, p.calls, p.seconds});
+  return out;
+}
+
 // The bandwidth probe's buffer must not count as the model's memory: reset the high-water mark.
 void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
@@ -94,12 +100,13 @@ BenchResult run_bench(const BenchOptions& o) {
   const bool profile = o.profile && cpu;
   set_matmul_profiling(profile);
   take_matmul_profile();  // start the prefill's period
+  take_stage_profile();
   MatmulCounters before = matmul_counters();
   auto t0 = std::chrono::steady_clock::now();
   std::vector<StepResult> res = engine.step({{&seq, prompt, Rows::Last}});  // as generation does
   double prefill_s = seconds_since(t0);
   MatmulCounters mid = matmul_counters();
-  if (profile) r.prefill_profile = take_profile();
+  if (profile) r.prefill_profile = take_profile(), r.prefill_stages = take_stages();
   r.prefill_tok_s = static_cast<double>(o.prompt_len) / prefill_s;
   r.prefill_flops_per_token = static_cast<double>(mid.flops - before.flops) / static_cast<double>(o.prompt_len);
   auto argmax = [V](const float* l) { return static_cast<int32_t>(std::max_element(l, l + V) - l); };
@@ -139,7 +146,10 @@ BenchResult run_bench(const BenchOptions& o) {
   }
   MatmulCounters after = matmul_counters();
   (void)after;
-  if (profile) r.decode_profile = take_profile();
+  if (profile) r.decode_profile = take_profile(), r.decode_stages = take_stages();
+  r.kv_positions = seq.pos();
+  r.kv_bytes = static_cast<double>(seq.cache_bytes());
+  r.kv_bound_bytes = static_cast<double>(engine.sequence_bytes(seq.pos()));
   set_matmul_profiling(false);
   r.prefill_s = prefill_s;
   r.peak_rss_mb = peak_rss_mb();
@@ -168,7 +178,13 @@ double matmul_seconds(const std::vector<BenchProfileRow>& rows) {
   return t;
 }
 
-std::string profile_json(const std::vector<BenchProfileRow>& rows, double total_s) {
+double stage_seconds(const std::vector<BenchStageRow>& rows) {
+  double t = 0;
+  for (const BenchStageRow& p : rows) t += p.seconds;
+  return t;
+}
+
+std::string profile_json(const std::vector<BenchProfileRow>& rows, const std::vector<BenchStageRow>& stages, double total_s) {
   std::string out = "{\"matmul\": [";
   char buf[256];
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -178,14 +194,21 @@ std::string profile_json(const std::vector<BenchProfileRow>& rows, double total_
                   static_cast<double>(p.weight_bytes) / p.seconds / 1e9, static_cast<double>(p.flops) / p.seconds / 1e9);
     out += buf;
   }
-  std::snprintf(buf, sizeof buf, "], \"other_ms\": %.4g}", 1e3 * (total_s - matmul_seconds(rows)));
+  out += "], \"stages\": [";
+  for (size_t i = 0; i < stages.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%s{\"what\": \"%s\", \"calls\": %lld, \"ms\": %.4g}", i ? ", " : "", stages[i].what.c_str(),
+                  static_cast<long long>(stages[i].calls), 1e3 * stages[i].seconds);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "], \"other_ms\": %.4g}", 1e3 * (total_s - matmul_seconds(rows) - stage_seconds(stages)));
   return out + buf;
 }
 
-std::string profile_table(const char* phase, const std::vector<BenchProfileRow>& rows, double total_s) {
+std::string profile_table(const char* phase, const std::vector<BenchProfileRow>& rows, const std::vector<BenchStageRow>& stages,
+                          double total_s) {
   std::string out;
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%s: time inside matmul by weight (%.0f ms in all)\n  %-36s %6s %9s %6s %8s %9s\n", phase,
+  std::snprintf(buf, sizeof buf, "%s: time by matmul weight, then by stage outside matmul (%.0f ms in all)\n  %-36s %6s %9s %6s %8s %9s\n", phase,
                 1e3 * total_s, "weight", "calls", "ms", "share", "GB/s", "GFLOP/s");
   out += buf;
   for (const BenchProfileRow& p : rows) {
@@ -194,8 +217,13 @@ std::string profile_table(const char* phase, const std::vector<BenchProfileRow>&
                   static_cast<double>(p.flops) / p.seconds / 1e9);
     out += buf;
   }
-  const double other = total_s - matmul_seconds(rows);
-  std::snprintf(buf, sizeof buf, "  %-36s %6s %9.1f %5.1f%%\n", "other (outside matmul)", "", 1e3 * other, 100 * other / total_s);
+  for (const BenchStageRow& p : stages) {
+    std::snprintf(buf, sizeof buf, "  %-36s %6lld %9.1f %5.1f%%\n", p.what.c_str(), static_cast<long long>(p.calls), 1e3 * p.seconds,
+                  100 * p.seconds / total_s);
+    out += buf;
+  }
+  const double other = total_s - matmul_seconds(rows) - stage_seconds(stages);
+  std::snprintf(buf, sizeof buf, "  %-36s %6s %9.1f %5.1f%%\n", "other", "", 1e3 * other, 100 * other / total_s);
   return out + buf;
 }
 
@@ -208,10 +236,11 @@ std::string bench_json(const BenchResult& r) {
                 "\"mem_bw_gb_s\": %.4g, \"peak_gflop_s\": %.4g, \"decode_roofline_ratio\": %.4f, "
                 "\"prefill_roofline_ratio\": %.4f, \"peak_rss_mb\": %.1f, \"mapped_weights_mb\": %.1f, \"threads\": %d, "
                 "\"prompt_len\": %lld, \"gen\": %lld, \"prefill_flops_per_token\": %.6g, \"isa\": \"%s\", \"load\": \"%s\", "
-                "\"device\": \"%s\"}",
+                "\"device\": \"%s\", \"kv_positions\": %lld, \"kv_bytes\": %.6g, \"kv_bound_bytes\": %.6g}",
                 r.prefill_tok_s, r.decode_tok_s, r.decode_bytes_per_token, r.mem_bw_gb_s, r.peak_gflop_s, r.decode_roofline_ratio,
                 r.prefill_roofline_ratio, r.peak_rss_mb, r.mapped_weights_mb, r.threads, static_cast<long long>(r.prompt_len),
-                static_cast<long long>(r.gen), r.prefill_flops_per_token, r.isa.c_str(), r.load.c_str(), r.device.c_str());
+                static_cast<long long>(r.gen), r.prefill_flops_per_token, r.isa.c_str(), r.load.c_str(), r.device.c_str(),
+                static_cast<long long>(r.kv_positions), r.kv_bytes, r.kv_bound_bytes);
   std::string out = buf;
   if (r.batch_rows.size() > 1 || (r.batch_rows.size() == 1 && r.batch_rows[0].batch != 1)) {
     out.pop_back();
@@ -226,8 +255,8 @@ std::string bench_json(const BenchResult& r) {
   }
   if (!r.prefill_profile.empty() || !r.decode_profile.empty()) {
     out.pop_back();  // the closing brace
-    out += ", \"profile\": {\"prefill\": " + profile_json(r.prefill_profile, r.prefill_s) +
-           ", \"decode\": " + profile_json(r.decode_profile, r.decode_s) + "}}";
+    out += ", \"profile\": {\"prefill\": " + profile_json(r.prefill_profile, r.prefill_stages, r.prefill_s) +
+           ", \"decode\": " + profile_json(r.decode_profile, r.decode_stages, r.decode_s) + "}}";
   }
   return out;
 }
@@ -254,6 +283,12 @@ std::string bench_table(const BenchResult& r) {
                 r.prefill_flops_per_token * r.prefill_tok_s / 1e9, 100 * r.prefill_roofline_ratio, static_cast<long long>(r.gen),
                 r.decode_tok_s, r.decode_bytes_per_token / 1e6, 100 * r.decode_roofline_ratio, r.peak_rss_mb, r.mapped_weights_mb);
   std::string out = buf;
+  if (r.kv_positions > 0) {
+    std::snprintf(buf, sizeof buf, "cache     %lld positions: %.2f MB (%.1f bytes/position), reserved bound %.2f MB\n",
+                  static_cast<long long>(r.kv_positions), r.kv_bytes / 1e6, r.kv_bytes / static_cast<double>(r.kv_positions),
+                  r.kv_bound_bytes / 1e6);
+    out += buf;
+  }
   if (r.batch_rows.size() > 1 || (r.batch_rows.size() == 1 && r.batch_rows[0].batch != 1)) {
     out += "decode by batch size (B sequences per step; bytes: weights one step read, routed experts = the union touched)\n"
            "  batch    tok/s  ms/step  MB/step  GB/s  of bandwidth\n";
@@ -263,8 +298,8 @@ std::string bench_table(const BenchResult& r) {
       out += buf;
     }
   }
-  if (!r.prefill_profile.empty()) out += profile_table("prefill", r.prefill_profile, r.prefill_s);
-  if (!r.decode_profile.empty()) out += profile_table("decode", r.decode_profile, r.decode_s);
+  if (!r.prefill_profile.empty()) out += profile_table("prefill", r.prefill_profile, r.prefill_stages, r.prefill_s);
+  if (!r.decode_profile.empty()) out += profile_table("decode", r.decode_profile, r.decode_stages, r.decode_s);
   return out;
 }
 

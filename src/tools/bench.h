@@ -36,6 +36,14 @@ struct BenchProfileRow {
   uint64_t weight_bytes = 0, flops = 0;
 };
 
+// Time of a stage outside matmul that grows with the context (`--profile`): the indexer's scan,
+// attention per layer kind, the compressors.
+struct BenchStageRow {
+  std::string what;
+  int64_t calls = 0;
+  double seconds = 0;
+};
+
 struct BenchResult {
   int threads = 0;
   int64_t prompt_len = 0, gen = 0;
@@ -59,6 +67,11 @@ struct BenchResult {
   std::vector<BatchRow> batch_rows;
   // With BenchOptions::profile: time inside matmul per weight and shape, per phase.
   std::vector<BenchProfileRow> prefill_profile, decode_profile;
+  std::vector<BenchStageRow> prefill_stages, decode_stages;
+  // The decoded sequence's cache at the end (positions, bytes it references) and the bound
+  // Engine::sequence_bytes gives for that many positions (CPU).
+  int64_t kv_positions = 0;
+  double kv_bytes = 0, kv_bound_bytes = 0;
 };
 
 BenchResult run_bench(const BenchOptions& o);

@@ -243,6 +243,7 @@ class CpuBackend final : public Backend {
 };
 
 void CpuBackend::compress(Step&, const CompressFeed& f) {
+  const StageTimer timer("compressor", f.which == Comp::Index ? "(indexer keys)" : "(entries)");
   const ModelConfig& c = w_.cfg;
   const AttentionW& A = w_.layer(f.layer).attn;
   const StepSeq& q = *f.seq;
@@ -264,6 +265,7 @@ void CpuBackend::compress(Step&, const CompressFeed& f) {
 }
 
 void CpuBackend::index_topk(Step& s, const IndexTopk& k) {
+  const StageTimer timer("indexer scan + top-k");
   const ModelConfig& c = w_.cfg;
   const StepSeq& q = *k.seq;
   const LayerState& ls = q.st->layers[k.layer];
@@ -311,6 +313,7 @@ void CpuBackend::block_entries(const Attend& a, const LayerW& L, int64_t row0, i
 void CpuBackend::attend(Step&, const Attend& a) {
   const ModelConfig& c = w_.cfg;
   const LayerW& L = w_.layer(a.layer);
+  const StageTimer timer("attend", L.kind() == LayerKind::Window ? "window" : L.kind() == LayerKind::CSA ? "CSA" : "HCA");
   const StepSeq& qs = *a.seq;
   LayerState& ls = qs.st->layers[a.layer];
   const int64_t H = c.n_heads, d = c.head_dim, W = c.window, T = qs.n, p0 = qs.p0;

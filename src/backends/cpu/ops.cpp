@@ -51,6 +51,34 @@ std::vector<MatmulProfileRow> take_matmul_profile() {
   return rows;
 }
 
+namespace {
+std::map<std::string, StageProfileRow> g_stages;  // guarded by g_profile_mu
+}  // namespace
+
+std::vector<StageProfileRow> take_stage_profile() {
+  std::lock_guard<std::mutex> lock(g_profile_mu);
+  std::vector<StageProfileRow> rows;
+  for (auto& [k, v] : g_stages) rows.push_back(v);
+  g_stages.clear();
+  std::sort(rows.begin(), rows.end(), [](const StageProfileRow& a, const StageProfileRow& b) { return a.seconds > b.seconds; });
+  return rows;
+}
+
+StageTimer::StageTimer(const char* what, const char* detail) : what_(what), detail_(detail), on_(g_profiling) {
+  if (on_) t0_ = std::chrono::steady_clock::now();
+}
+
+StageTimer::~StageTimer() {
+  if (!on_) return;
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  const std::string key = detail_ ? std::string(what_) + " " + detail_ : std::string(what_);
+  std::lock_guard<std::mutex> lock(g_profile_mu);
+  StageProfileRow& row = g_stages[key];
+  row.what = key;
+  ++row.calls;
+  row.seconds += dt;
+}
+
 void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy) {
   const auto bytes = static_cast<uint64_t>(static_cast<double>(w.stored_bytes()) * static_cast<double>(r1 - r0) / static_cast<double>(w.rows));
   const auto flops = static_cast<uint64_t>(2 * (r1 - r0) * w.cols * T);

@@ -1,6 +1,7 @@
 #pragma once
 // CPU reference primitives of the DeepSeek-V4 forward, in float32. Each one has a test
 // against plain math (tests/test_ops.cpp). Matrices are row-major.
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -39,6 +40,27 @@ struct MatmulProfileRow {
 void set_matmul_profiling(bool on);
 // The rows since the last call, most time first; starts a new period.
 std::vector<MatmulProfileRow> take_matmul_profile();
+
+// The same profile for the stages outside matmul that grow with the context (the indexer's
+// scan, attention over cached entries, the compressors), timed while matmul profiling is on.
+struct StageProfileRow {
+  std::string what;  // e.g. "attend CSA"
+  int64_t calls = 0;
+  double seconds = 0;
+};
+std::vector<StageProfileRow> take_stage_profile();  // most time first; starts a new period
+class StageTimer {
+ public:
+  StageTimer(const char* what, const char* detail = nullptr);  // "what detail"
+  ~StageTimer();
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+
+ private:
+  const char *what_, *detail_;
+  bool on_;
+  std::chrono::steady_clock::time_point t0_;
+};
 
 // Adds the FLOPs of a matrix product that does not go through matmul (attention's products over
 // cached keys: they are real multiply-adds of the forward, but read no weights).
