@@ -366,3 +366,12 @@ TEST(Cli, MemoryLimitsRefusedUpFront) {
   EXPECT_EQ(mapped.status, 0) << mapped.output;
   EXPECT_NE(mapped.output.find("exceed the available memory"), std::string::npos) << mapped.output;
 }
+
+// bench --chunk prefills in chunks (long prompts); the sequence reaches the same length.
+TEST(Cli, BenchChunkedPrefill) {
+  CommandResult r = run_command(std::string(DSV4_BIN) + " bench --model " + tiny() +
+                                "/model --prompt-len 16 --chunk 5 --gen 2 --threads 2 --json 2>/dev/null");
+  ASSERT_EQ(r.status, 0);
+  EXPECT_EQ(nlohmann::json::parse(r.output).at("kv_positions").get<int64_t>(), 18);
+  EXPECT_NE(run_command(std::string(DSV4_BIN) + " bench --model " + tiny() + "/model --chunk -1 2>/dev/null").status, 0);
+}

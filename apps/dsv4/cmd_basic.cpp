@@ -133,6 +133,7 @@ int cmd_bench(const Args& a) {
   o.model_dir = a.str("model");
   o.prompt_len = a.integer("prompt-len", 512);
   o.gen = a.integer("gen", 16);
+  o.chunk = a.integer("chunk", 0);
   o.threads = static_cast<int>(a.integer("threads", 0));
   o.json = a.flag("json");
   o.profile = a.flag("profile");

@@ -110,6 +110,8 @@ Commands:
       --model DIR
       --prompt-len N     prefill length (default 512)
       --gen N            decode steps (default 16)
+      --chunk C          prefill in chunks of C tokens (default 0: one step); long prompts
+                         need it, a step's activations grow with its tokens
       --batch LIST       decode batch sizes, e.g. 1,2,4,8 (default 1): B sequences forked
                          from the prefilled one decode together; a table of aggregate tok/s,
                          weight bytes per step and their share of the bandwidth

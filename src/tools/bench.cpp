@@ -52,6 +52,7 @@ void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 BenchResult run_bench(const BenchOptions& o) {
   if (o.prompt_len < 1) throw Error("bench: --prompt-len must be >= 1");
+  if (o.chunk < 0) throw Error("bench: --chunk must be >= 0 (0 = the whole prompt in one step)");
   if (o.gen < 1) throw Error("bench: --gen must be >= 1");
   set_threads(o.threads);
   BenchResult r;
@@ -103,7 +104,14 @@ BenchResult run_bench(const BenchOptions& o) {
   take_stage_profile();
   MatmulCounters before = matmul_counters();
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<StepResult> res = engine.step({{&seq, prompt, Rows::Last}});  // as generation does
+  // As generation does: one step, or chunks of o.chunk (long prompts: a step's activations grow
+  // with its tokens).
+  const int64_t chunk = o.chunk > 0 ? o.chunk : o.prompt_len;
+  std::vector<StepResult> res;
+  for (int64_t p = 0; p < o.prompt_len; p += chunk) {
+    const int64_t e = std::min(o.prompt_len, p + chunk);
+    res = engine.step({{&seq, std::vector<int32_t>(prompt.begin() + p, prompt.begin() + e), e == o.prompt_len ? Rows::Last : Rows::None}});
+  }
   double prefill_s = seconds_since(t0);
   MatmulCounters mid = matmul_counters();
   if (profile) r.prefill_profile = take_profile(), r.prefill_stages = take_stages();

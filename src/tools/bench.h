@@ -14,6 +14,7 @@ struct BenchOptions {
   std::string model_dir;
   int64_t prompt_len = 512;
   int64_t gen = 16;
+  int64_t chunk = 0;  // prefill chunk (0 = the whole prompt in one step)
   int threads = 0;
   bool json = false;
   WeightLoad load = WeightLoad::Auto;
