@@ -656,9 +656,14 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (fs::is_directory(path, ec)) file = (fs::path(path) / "tokenizer.json").string();
   std::ifstream in(file, std::ios::binary);
   if (!in) throw Error("tokenizer: cannot open " + file);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse(text, file);
+}
+
+Tokenizer Tokenizer::parse(std::string_view json_text, const std::string& file) {
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(json_text);
   } catch (const json::exception& e) {
     throw Error(file + ": invalid JSON: " + e.what());
   }

@@ -32,6 +32,8 @@ class Tokenizer {
   // file when it is missing, not JSON, or uses a model/normalizer/pre-tokenizer this class
   // does not implement.
   static Tokenizer load(const std::string& path);
+  // The same from the file's text already in memory; `name` stands for the file in errors.
+  static Tokenizer parse(std::string_view json_text, const std::string& name);
 
   std::vector<int32_t> encode(std::string_view text) const;  // no BOS added
   std::string decode(const std::vector<int32_t>& ids) const;
