@@ -227,6 +227,7 @@ struct Block {
 
 struct ToolCall {
   std::string name, dsml_args;
+  std::optional<std::string> dsml;  // the exact invoke text ("dsml"), written instead
   std::optional<std::string> id;  // id_key of a truthy id
 };
 
@@ -262,10 +263,9 @@ std::optional<std::string> opt_string(const ojson& m, const char* key, const Whe
   return it->get<std::string>();
 }
 
-// The DSML parameter lines of one call: one line per argument; strings as they are
-// (string="true"), everything else as JSON (string="false"). Arguments that are not JSON become
-// one string parameter named "arguments".
-std::string encode_arguments(const ojson& args, const Where& w, const std::string& field) {
+// The arguments of one call as an object. Arguments that are not JSON become one string
+// parameter named "arguments".
+ojson arguments_object(const ojson& args, const Where& w, const std::string& field) {
   ojson parsed;
   if (args.is_string()) {
     parsed = ojson::parse(args.get<std::string>(), nullptr, false);
@@ -280,6 +280,12 @@ std::string encode_arguments(const ojson& args, const Where& w, const std::strin
   } else {
     w.fail(field, "must be a JSON string (or an object)");
   }
+  return parsed;
+}
+
+// The DSML parameter lines of one call: one line per argument; strings as they are
+// (string="true"), everything else as JSON (string="false").
+std::string encode_arguments(const ojson& parsed) {
   std::string out;
   bool first = true;
   for (auto it = parsed.begin(); it != parsed.end(); ++it) {
@@ -292,6 +298,30 @@ std::string encode_arguments(const ojson& args, const Where& w, const std::strin
     out += "</" + kDsml + "parameter>";
   }
   return out;
+}
+
+ojson parse_tool_calls(const std::string& text, size_t& pos);  // Decoding, below
+
+// A tool call's "dsml" (the exact text the model wrote for it, CompletionStream's tool_call_dsml):
+// one well-formed invoke with the call's name and arguments, else rendering it would contradict
+// the call.
+void check_dsml(const std::string& dsml, const std::string& name, const ojson& args, const Where& w,
+                const std::string& field) {
+  const std::string text = ">\n" + dsml + "\n</" + kDsml + "tool_calls>";
+  size_t pos = 0;
+  ojson calls;
+  try {
+    calls = parse_tool_calls(text, pos);
+  } catch (const Error& e) {
+    w.fail(field, std::string("not a DSML invoke: ") + e.what());
+  }
+  if (calls.size() != 1 || pos != text.size()) w.fail(field, "must hold exactly one DSML invoke");
+  const ojson& fn = calls[0]["function"];
+  if (fn["name"] != name) w.fail(field, "names tool '" + fn["name"].get<std::string>() + "', the call '" + name + "'");
+  // Compared as JSON values (key order and number spelling aside).
+  const ojson parsed = ojson::parse(fn["arguments"].get<std::string>(), nullptr, false);
+  if (parsed.is_discarded() || nlohmann::json(parsed) != nlohmann::json(args))
+    w.fail(field, "its arguments differ from the call's");
 }
 
 std::string tool_result_text(const ojson& m, const Where& w) {
@@ -398,7 +428,13 @@ Msg convert(const ojson& m, const Where& w) {
         if (args == fn->end()) w.fail(f + ".function.arguments", "missing");
         ToolCall call;
         call.name = name->get<std::string>();
-        call.dsml_args = encode_arguments(*args, w, f + ".function.arguments");
+        const ojson args_object = arguments_object(*args, w, f + ".function.arguments");
+        call.dsml_args = encode_arguments(args_object);
+        if (auto d = tc.find("dsml"); d != tc.end() && !d->is_null()) {
+          if (!d->is_string()) w.fail(f + ".dsml", "must be a string");
+          call.dsml = d->get<std::string>();
+          check_dsml(*call.dsml, call.name, args_object, w, f + ".dsml");
+        }
         // The id is the call's "id", else the function's "id" (first truthy one).
         auto id = tc.find("id");
         if (id != tc.end() && truthy(*id)) {
@@ -539,8 +575,12 @@ std::string render_message(size_t index, const std::vector<Msg>& msgs, const Ren
       tc = "\n\n<" + kDsml + "tool_calls>\n";
       for (size_t k = 0; k < m.tool_calls.size(); ++k) {
         if (k) tc += '\n';
-        tc += "<" + kDsml + "invoke name=\"" + m.tool_calls[k].name + "\">\n" + m.tool_calls[k].dsml_args +
-              "\n</" + kDsml + "invoke>";
+        if (m.tool_calls[k].dsml) {
+          tc += *m.tool_calls[k].dsml;
+        } else {
+          tc += "<" + kDsml + "invoke name=\"" + m.tool_calls[k].name + "\">\n" + m.tool_calls[k].dsml_args +
+                "\n</" + kDsml + "invoke>";
+        }
       }
       tc += "\n</" + kDsml + "tool_calls>";
     }
@@ -684,7 +724,10 @@ std::string parse_invoke_name(const std::string& s) {
   // Non-greedy name: the first `">\n` from which the rest of the string is the tail.
   for (size_t at = s.find("\">\n", start); at != std::string::npos; at = s.find("\">\n", at + 1)) {
     const std::string rest = s.substr(at);
-    if (rest == "\">\n" || rest == "\">\n\n") return s.substr(start, at - start);
+    if (rest == "\">\n" || rest == "\">\n\n") {
+      if (at == start) parse_fail("empty tool name");
+      return s.substr(start, at - start);
+    }
   }
   parse_fail("tool name format error: '" + s + "'");
 }
@@ -739,12 +782,15 @@ ojson parse_tool_calls(const std::string& text, size_t& pos) {
       if (chunk != ">\n") parse_fail("parameter format error: expected '>\\n' but got '" + chunk + "'");
     }
     // The arguments JSON as the official decoder writes it: string values JSON-quoted, others
-    // verbatim.
+    // verbatim, except that a string="false" value that is not JSON is quoted as a string too
+    // (the official decoder writes it verbatim: invalid JSON arguments).
     std::string json = "{";
     for (size_t k = 0; k < args.size(); ++k) {
       if (k) json += ", ";
       json += to_python_json(args[k].first) + ": ";
-      json += args[k].second.second ? to_python_json(args[k].second.first) : args[k].second.first;
+      const std::string& value = args[k].second.first;
+      const bool quote = args[k].second.second || ojson::parse(value, nullptr, false).is_discarded();
+      json += quote ? to_python_json(value) : value;
     }
     json += "}";
     ojson call = ojson::object();

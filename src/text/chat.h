@@ -12,6 +12,12 @@
 //                       tool_call_id (tool results are reordered to the order of the calls).
 //   assistant:          reasoning_content, content, tool_calls (OpenAI format, "arguments" a JSON
 //                       string), wo_eos (no end-of-sentence after the turn: a prefill).
+//                       A tool call may carry "dsml": the exact text the model wrote for it, from
+//                       "<｜DSML｜invoke" through "</｜DSML｜invoke>" (CompletionStream's
+//                       tool_call_dsml, completion_stream.h); it is written instead of the call
+//                       rendered from its name and arguments, so a conversation re-renders byte
+//                       for byte as sampled. It must be one well-formed invoke with the call's name
+//                       and arguments (compared as JSON values), else dsv4::Error.
 //   latest_reminder:    content.
 //   any:                task, one of action|query|authority|domain|title|read_url (the
 //                       "quick instruction" classification tasks).
@@ -24,7 +30,9 @@
 // latest_reminder message, arguments that decode to a non-object, unknown roles or tasks anywhere)
 // we throw dsv4::Error instead. One deliberate difference: "arguments" given as a JSON object (not
 // a string) are taken as the arguments; the official encoder would wrap them in one parameter
-// named "arguments". parse_completion also accepts a text without the end-of-sentence.
+// named "arguments". parse_completion also accepts a text without the end-of-sentence, quotes a
+// string="false" parameter value that is not JSON as a JSON string (the official decoder writes
+// it as it is: invalid arguments JSON) and rejects an empty tool name.
 #include <string>
 
 #include <nlohmann/json.hpp>
