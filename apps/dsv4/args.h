@@ -119,5 +119,6 @@ int cmd_chat(const Args& a);
 int cmd_tokenize(const Args& a);
 int cmd_detokenize(const Args& a);
 int cmd_chat_template(const Args& a);
+int cmd_serve(const Args& a);
 
 }  // namespace dsv4::cli

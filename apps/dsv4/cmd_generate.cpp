@@ -13,17 +13,13 @@
 
 namespace dsv4::cli {
 
-namespace {
-
-// The engine (model + tokenizer) on the device --device names. On cuda the sequence caches are
-// sized for the context limit, so an unset --context becomes min(max positions, 8192) there.
-std::unique_ptr<Engine> load_engine(const Args& a, const GenerateOptions& opt) {
+EngineOptions engine_options(const Args& a, int64_t context) {
   EngineOptions eo;
   eo.model_dir = a.str("model");
   eo.device = device_option(a);
   eo.threads = static_cast<int>(a.integer("threads", 0));
   eo.load = load_mode_option(a);
-  eo.context = opt.context_limit;
+  eo.context = context;
   eo.memory_budget = memory_budget_option(a);
   const std::string tdir = a.str("tokenizer", eo.model_dir);
   const std::filesystem::path tp(tdir);
@@ -34,10 +30,19 @@ std::unique_ptr<Engine> load_engine(const Args& a, const GenerateOptions& opt) {
   } else {
     throw Error("no tokenizer.json in " + tdir + " (pass --tokenizer DIR)");
   }
+  return eo;
+}
+
+namespace {
+
+// The engine (model + tokenizer) on the device --device names. On cuda the sequence caches are
+// sized for the context limit, so an unset --context becomes min(max positions, 8192) there.
+std::unique_ptr<Engine> load_engine(const Args& a, const GenerateOptions& opt) {
+  const EngineOptions eo = engine_options(a, opt.context_limit);
   auto e = std::make_unique<Engine>(eo);
   if (e->tokenizer().vocab_size() > e->info().vocab)
-    throw Error("tokenizer " + tdir + " has " + std::to_string(e->tokenizer().vocab_size()) + " tokens but the model's vocab_size is " +
-                std::to_string(e->info().vocab));
+    throw Error("tokenizer " + eo.tokenizer + " has " + std::to_string(e->tokenizer().vocab_size()) +
+                " tokens but the model's vocab_size is " + std::to_string(e->info().vocab));
   return e;
 }
 

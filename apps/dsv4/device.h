@@ -9,4 +9,8 @@ namespace dsv4::cli {
 // or no device is usable, with the reason.
 Device device_option(const Args& a);
 
+// The engine options of generate / chat / serve: --model, --device, --threads, --load,
+// --memory-budget, --tokenizer (default: the model directory; it must hold tokenizer.json).
+EngineOptions engine_options(const Args& a, int64_t context);
+
 }  // namespace dsv4::cli

@@ -126,6 +126,28 @@ Commands:
                          GFLOP/s by weight format and shape, and the time outside matmul
                          (JSON: "profile"). Two clock reads per call; the figures barely move
 
+  serve       OpenAI- and Anthropic-compatible HTTP server with continuous batching and a
+              prefix cache (docs/server.md): POST /v1/chat/completions, /v1/completions,
+              /v1/messages; GET /v1/models, /health, /metrics.
+      --model DIR        model directory with tokenizer.json (or --tokenizer DIR)
+      --host H           address to listen on (default 127.0.0.1: this machine only)
+      --port P           port (default 8080; 0 = any free port, printed when ready)
+      --api-key KEY      require "Authorization: Bearer KEY" (or "x-api-key: KEY")
+      --model-name NAME  the model id /v1/models lists (default: the directory's name)
+      --ctx-size N       positions a sequence may hold (default: the model's max positions)
+      --max-batch N      sequences decoding together (default 16)
+      --step-tokens N    tokens per engine step: decode tokens + prefill chunks (default 256)
+      --max-queue N      requests waiting for memory or a batch slot before 503 (default 64)
+      --kv-budget MB     cache bytes the running sequences may reserve (each reserves prompt +
+                         max_tokens positions; default: --memory-budget's auto); a request
+                         that does not fit waits, one that never can gets a 400
+      --cache-budget MB  prefix-cache snapshots (default 1024; 0 = off)
+      --max-tokens N     max_tokens when a request gives none (default 4096)
+      --timeout S        cancel a request running longer than S seconds (default 600)
+      --threads N, --load M, --memory-budget M   (see score)
+      --quiet            no log line per request
+      SIGINT / SIGTERM stop it; requests in flight end with an error.
+
   help, --help, -h       this text
 
 Errors print one line to stderr and exit with status 1 (2 for bad usage).
@@ -155,7 +177,7 @@ int main(int argc, char** argv) {
         return 0;
       }
     // Options that take no value, per command ("--ids" is a value for detokenize).
-    std::set<std::string> flags = {"hide-reasoning", "json", "profile"};
+    std::set<std::string> flags = {"hide-reasoning", "json", "profile", "quiet"};
     if (cmd == "chat-template") flags.insert("ids");
     Args args(argc, argv, 2, flags);
     if (cmd == "score") return cmd_score(args);
@@ -167,6 +189,7 @@ int main(int argc, char** argv) {
     if (cmd == "tokenize") return cmd_tokenize(args);
     if (cmd == "detokenize") return cmd_detokenize(args);
     if (cmd == "chat-template") return cmd_chat_template(args);
+    if (cmd == "serve") return cmd_serve(args);
     throw Usage("unknown command '" + cmd + "' (try dsv4 --help)");
   } catch (const Usage& e) {
     std::fprintf(stderr, "dsv4: %s\n", e.what());

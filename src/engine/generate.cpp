@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "engine/stop_filter.h"
 
 namespace dsv4 {
 
@@ -13,61 +14,6 @@ Session new_session(Engine& e, const GenerateOptions& opt) {
   so.max_positions = opt.context_limit;  // reserved against the engine's memory budget
   return Session{e.new_sequence(so), {}};
 }
-
-namespace {
-
-// Streams text while watching for stop strings: `pending` holds text not yet emitted because
-// its tail might be the start of a stop string.
-class StopFilter {
- public:
-  StopFilter(const std::vector<std::string>& stops, const TextSink& sink, std::string& out)
-      : stops_(stops), sink_(sink), out_(out) {}
-
-  // Returns true when a stop string completed; text before it has been emitted.
-  bool push(const std::string& text) {
-    pending_ += text;
-    size_t cut = std::string::npos;
-    for (const auto& s : stops_) {
-      size_t at = s.empty() ? std::string::npos : pending_.find(s);
-      if (at != std::string::npos) cut = std::min(cut, at);
-    }
-    if (cut != std::string::npos) {
-      emit(pending_.substr(0, cut));
-      pending_.clear();
-      return true;
-    }
-    size_t hold = 0;  // longest suffix of pending that is a proper prefix of a stop string
-    for (const auto& s : stops_)
-      for (size_t n = std::min(s.size() - 1, pending_.size()); n > hold; --n)
-        if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
-          hold = n;
-          break;
-        }
-    // Never split a UTF-8 character when holding back.
-    size_t end = pending_.size() - hold;
-    while (end > 0 && end < pending_.size() && (static_cast<unsigned char>(pending_[end]) & 0xC0) == 0x80) --end;
-    emit(pending_.substr(0, end));
-    pending_.erase(0, end);
-    return false;
-  }
-  void finish() {
-    emit(pending_);
-    pending_.clear();
-  }
-
- private:
-  void emit(const std::string& t) {
-    if (t.empty()) return;
-    out_ += t;
-    if (sink_) sink_(t);
-  }
-  const std::vector<std::string>& stops_;
-  const TextSink& sink_;
-  std::string& out_;
-  std::string pending_;
-};
-
-}  // namespace
 
 namespace {
 
@@ -147,7 +93,7 @@ GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& promp
 
   Sampler sampler(opt.sampling);
   StreamDecoder dec(tok);
-  StopFilter filter(opt.stop_strings, sink, r.text);
+  StopFilter filter(opt.stop_strings, sink);
   std::vector<int32_t> history = s.seq.tokens();
   r.stop_reason = "max_tokens";
   // Takes one sampled token, `consumed` tokens having been fed before it: false when
@@ -202,6 +148,7 @@ GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& promp
     if (s.seq.pos() > base + used) e.truncate(s.seq, base + used);
   }
   if (r.stop_reason != "stop_string") filter.push(dec.flush()), filter.finish();
+  r.text = filter.text();
   r.prefill_s = std::chrono::duration<double>(t1 - t0).count();
   r.decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   return r;

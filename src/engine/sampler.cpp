@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "core/error.h"
 
@@ -18,6 +18,7 @@ void validate(const SamplingParams& p) {
   if (!(p.repetition_penalty > 0) || !std::isfinite(p.repetition_penalty))
     bad("repetition penalty must be > 0, got " + std::to_string(p.repetition_penalty));
   if (!std::isfinite(p.presence_penalty)) bad("presence penalty must be finite");
+  if (!std::isfinite(p.frequency_penalty)) bad("frequency penalty must be finite");
 }
 
 static uint64_t splitmix(uint64_t& x) {
@@ -47,13 +48,15 @@ double Sampler::uniform() {  // xoshiro256**
 
 int32_t Sampler::sample(const float* logits, int64_t V, const std::vector<int32_t>& history) {
   std::vector<float> l(logits, logits + V);
-  if (p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f) {
-    std::unordered_set<int32_t> seen(history.begin(), history.end());
-    for (int32_t id : seen) {
+  if (p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int64_t> seen;
+    for (int32_t id : history) ++seen[id];
+    for (auto [id, count] : seen) {
       if (id < 0 || id >= V) continue;
       float& v = l[id];
       v = v > 0 ? v / p_.repetition_penalty : v * p_.repetition_penalty;
       v -= p_.presence_penalty;
+      v -= p_.frequency_penalty * static_cast<float>(count);
     }
   }
   if (p_.temperature == 0.0f) return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());

@@ -13,6 +13,7 @@ struct SamplingParams {
   float min_p = 0.0f;               // 0 = off; keep tokens with p >= min_p * p_max
   float repetition_penalty = 1.0f;  // 1 = off; seen tokens: logit > 0 ? logit / rp : logit * rp
   float presence_penalty = 0.0f;    // 0 = off; seen tokens: logit -= presence_penalty
+  float frequency_penalty = 0.0f;   // 0 = off; seen tokens: logit -= frequency_penalty * times seen
   uint64_t seed = 0;
 };
 

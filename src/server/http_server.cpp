@@ -1,0 +1,285 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "server/response.h"
+#include "server/tool_calls.h"
+
+namespace dsv4::server {
+
+using Clock = std::chrono::steady_clock;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// Compares without an early exit, so the time taken does not reveal how much of a key matched.
+bool equal_constant_time(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+int status_of(const Error& e) {
+  switch (e.kind) {
+    case ErrorKind::BadInput: return 400;
+    case ErrorKind::ResourceExhausted: return 503;
+    case ErrorKind::Unsupported: return 501;
+    case ErrorKind::Internal: return 500;
+  }
+  return 500;
+}
+
+ApiError api_error(const Error& e) {
+  const int s = status_of(e);
+  const char* type = s == 400 ? "invalid_request_error" : s == 503 ? "overloaded_error" : "server_error";
+  return ApiError(s, type, e.what());
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Impl(const EngineOptions& eo, const ServerOptions& o) : engine_opt(eo), opt(o) {}
+
+  EngineOptions engine_opt;
+  ServerOptions opt;
+  Metrics metrics;
+  ToolCallStore store;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Scheduler> sched;
+  std::atomic<bool> ready{false};
+  httplib::Server svr;
+  std::string model_name;
+
+  void send_error(httplib::Response& res, const ApiError& e, bool anthropic) {
+    res.status = e.status;
+    if (e.status == 503) res.set_header("Retry-After", "1");
+    res.set_content(anthropic ? anthropic_error_body(e) : error_body(e), "application/json");
+  }
+
+  bool authorized(const httplib::Request& req) const {
+    if (opt.api_key.empty()) return true;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string bearer = "Bearer ";
+    if (auth.size() > bearer.size() && auth.compare(0, bearer.size(), bearer) == 0 &&
+        equal_constant_time(auth.substr(bearer.size()), opt.api_key))
+      return true;
+    return req.has_header("x-api-key") && equal_constant_time(req.get_header_value("x-api-key"), opt.api_key);
+  }
+
+  void generate(const httplib::Request& req, httplib::Response& res, Api api) {
+    const bool anthropic = api == Api::Anthropic;
+    if (!ready) return send_error(res, ApiError(503, "overloaded_error", "the model is loading"), anthropic);
+    // Everything the streaming callback needs outlives this handler: shared.
+    struct State {
+      ParsedRequest req;
+      std::shared_ptr<Job> job;
+      std::unique_ptr<Responder> resp;
+      Clock::time_point t0 = Clock::now();
+      bool started = false;
+    };
+    auto st = std::make_shared<State>();
+    try {
+      RequestLimits lim;
+      lim.max_n = opt.scheduler.max_batch;
+      lim.default_max_tokens = opt.default_max_tokens;
+      st->req = parse_request(api, req.body, *engine, lim, &store);
+    } catch (const ApiError& e) {
+      return send_error(res, e, anthropic);
+    } catch (const Error& e) {
+      return send_error(res, api_error(e), anthropic);
+    }
+    if (st->req.model.empty()) st->req.model = model_name;
+    st->job = std::make_shared<Job>(st->req.gen);
+    try {
+      sched->submit(st->job);
+    } catch (const Error& e) {
+      return send_error(res, api_error(e), anthropic);
+    }
+    st->resp = make_responder(st->req, engine->tokenizer(), store);
+    const auto timeout = std::chrono::seconds(opt.timeout_s);
+
+    if (!st->req.stream) {
+      Event e;
+      for (;;) {
+        if (!st->job->next(e, std::chrono::milliseconds(1000))) {
+          if (Clock::now() - st->t0 > timeout) {
+            st->job->cancel();
+            return send_error(res, ApiError(504, "timeout", "the request took longer than the server's timeout (" +
+                                                                 std::to_string(opt.timeout_s) + " s)"), anthropic);
+          }
+          continue;
+        }
+        if (e.kind == Event::Failed) return send_error(res, api_error(e.error), anthropic);
+        if (e.kind == Event::Done) break;
+        st->resp->event(e);
+      }
+      res.set_content(st->resp->body(st->job->usage()), "application/json");
+      return;
+    }
+
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    const int64_t timeout_s = opt.timeout_s;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [st, anthropic, timeout_s](size_t, httplib::DataSink& sink) {
+          auto write = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
+          if (!st->started) {
+            st->started = true;
+            if (!write(st->resp->start())) return st->job->cancel(), false;
+          }
+          Event e;
+          for (;;) {
+            if (!st->job->next(e, std::chrono::milliseconds(1000))) {
+              // Keep-alive while a long prompt is read; a failed write means the client left.
+              const std::string ping = anthropic ? sse_event("ping", R"({"type":"ping"})") : ": keep-alive\n\n";
+              if (!write(ping)) return st->job->cancel(), false;
+              if (Clock::now() - st->t0 > std::chrono::seconds(timeout_s)) {
+                st->job->cancel();
+                const ApiError err(504, "timeout", "the request took longer than the server's timeout");
+                write(anthropic ? sse_event("error", anthropic_error_body(err)) : sse(error_body(err)));
+                sink.done();
+                return true;
+              }
+              continue;
+            }
+            if (e.kind == Event::Failed) {
+              const ApiError err = api_error(e.error);
+              write(anthropic ? sse_event("error", anthropic_error_body(err)) : sse(error_body(err)));
+              sink.done();
+              return true;
+            }
+            if (e.kind == Event::Done) {
+              write(st->resp->end(st->job->usage()));
+              sink.done();
+              return true;
+            }
+            if (!write(st->resp->event(e))) return st->job->cancel(), false;
+          }
+        },
+        [st](bool success) {
+          if (!success) st->job->cancel();
+        });
+  }
+
+  void routes() {
+    svr.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Api::OpenAiChat); });
+    svr.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Api::OpenAiCompletion); });
+    svr.Post("/v1/messages", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Api::Anthropic); });
+    svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
+      ojson m = {{"id", model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "dsv4"}};
+      if (ready) m["context_length"] = engine->info().context;
+      r.set_content(ojson{{"object", "list"}, {"data", ojson::array({m})}}.dump(), "application/json");
+    });
+    svr.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
+      if (!ready) {
+        r.status = 503;
+        r.set_content(R"({"status":"loading"})", "application/json");
+        return;
+      }
+      r.set_content(ojson{{"status", "ok"}, {"queue_depth", sched->queue_depth()}, {"running", sched->running()}}.dump(),
+                    "application/json");
+    });
+    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
+      Metrics::Gauges g;
+      if (ready) {
+        g.queue_depth = sched->queue_depth();
+        g.running = sched->running();
+        const auto s = sched->stats();
+        g.kv_reserved_bytes = s.kv_reserved_bytes;
+        g.prefix_cache_bytes = s.cache_bytes;
+        g.prefix_cache_entries = s.cache_entries;
+      }
+      r.set_content(metrics.render(g), "text/plain; version=0.0.4");
+    });
+  }
+
+  void setup() {
+    svr.set_payload_max_length(static_cast<size_t>(opt.max_body_bytes));
+    svr.set_read_timeout(30, 0);
+    svr.set_write_timeout(30, 0);
+    const int threads = opt.http_threads > 0 ? opt.http_threads : opt.scheduler.max_batch + opt.scheduler.max_queue + 8;
+    svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+    svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (req.path.rfind("/v1/", 0) == 0 && !authorized(req)) {
+        send_error(res, ApiError(401, "authentication_error", "a valid API key is required (Authorization: Bearer KEY or x-api-key)"),
+                   req.path == "/v1/messages");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
+    // Statuses httplib answers by itself (404, 413, 400 for a bad request line...) get a JSON body.
+    svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      std::string msg = res.status == 404   ? "no such endpoint: " + req.method + " " + req.path
+                        : res.status == 413 ? "the request body exceeds the server's limit (" + std::to_string(opt.max_body_bytes) + " bytes)"
+                                            : "bad request";
+      send_error(res, ApiError(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", msg),
+                 req.path == "/v1/messages");
+    });
+    svr.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "internal error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = std::string("internal error: ") + e.what();
+      } catch (...) {
+      }
+      send_error(res, ApiError(500, "server_error", what), req.path == "/v1/messages");
+    });
+    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      metrics.request_done(req.path, res.status);
+      if (opt.quiet) return;
+      std::fprintf(stderr, "%s %s %d %s\n", req.method.c_str(), req.path.c_str(), res.status, req.remote_addr.c_str());
+    });
+    routes();
+  }
+};
+
+HttpServer::HttpServer(const EngineOptions& engine, const ServerOptions& o) : impl_(std::make_unique<Impl>(engine, o)) {}
+
+HttpServer::~HttpServer() { stop(); }
+
+void HttpServer::stop() { impl_->svr.stop(); }
+
+void HttpServer::run(const std::function<void(int)>& ready) {
+  Impl& m = *impl_;
+  m.setup();
+  int port = m.opt.port;
+  if (port == 0) {
+    port = m.svr.bind_to_any_port(m.opt.host);
+    if (port < 0) throw Error("cannot bind " + m.opt.host + " to a free port");
+  } else if (!m.svr.bind_to_port(m.opt.host, port)) {
+    throw Error("cannot listen on " + m.opt.host + ":" + std::to_string(port) + " (in use, or not an address of this machine)");
+  }
+  std::thread listener([&] { m.svr.listen_after_bind(); });
+  try {
+    m.engine = std::make_unique<Engine>(m.engine_opt);
+    if (!m.engine->has_tokenizer()) throw Error(m.engine_opt.model_dir + " has no tokenizer.json: the server needs one");
+    m.model_name = m.opt.model_name.empty() ? std::filesystem::path(m.engine_opt.model_dir).filename().string() : m.opt.model_name;
+    if (m.model_name.empty()) m.model_name = "dsv4";
+    m.sched = std::make_unique<Scheduler>(*m.engine, m.opt.scheduler, m.metrics);
+  } catch (...) {
+    m.svr.stop();
+    listener.join();
+    throw;
+  }
+  m.ready = true;
+  if (ready) ready(port);
+  listener.join();
+  m.ready = false;
+  m.sched.reset();  // fails what is still queued or running
+}
+
+}  // namespace dsv4::server

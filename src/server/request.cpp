@@ -1,0 +1,515 @@
+#include "server/request.h"
+
+#include <cmath>
+#include <random>
+
+namespace dsv4::server {
+
+using ojson = nlohmann::ordered_json;
+
+void bad_request(const std::string& param, const std::string& message) {
+  throw ApiError(400, "invalid_request_error", param.empty() ? message : "'" + param + "': " + message, param);
+}
+
+std::string error_body(const ApiError& e) {
+  ojson err = {{"message", e.what()}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param.empty()) err["param"] = e.param;
+  if (!e.code.empty()) err["code"] = e.code;
+  return ojson{{"error", err}}.dump();
+}
+
+std::string anthropic_error_body(const ApiError& e) {
+  std::string type = e.type;
+  if (e.status == 400) type = "invalid_request_error";
+  if (e.status == 401) type = "authentication_error";
+  if (e.status == 404) type = "not_found_error";
+  if (e.status == 413) type = "request_too_large";
+  if (e.status == 503) type = "overloaded_error";
+  if (e.status >= 500 && e.status != 503) type = "api_error";
+  return ojson{{"type", "error"}, {"error", {{"type", type}, {"message", e.what()}}}}.dump();
+}
+
+namespace {
+
+const char* type_of(const ojson& v) { return v.type_name(); }
+
+// Typed field readers: absent or null -> the default; a wrong type is a 400 naming the field.
+struct Fields {
+  const ojson& obj;
+  std::string prefix;
+  std::string name(const char* k) const { return prefix + k; }
+  const ojson* get(const char* k) const {
+    auto it = obj.find(k);
+    return it == obj.end() || it->is_null() ? nullptr : &*it;
+  }
+  double number(const char* k, double def, double lo, double hi) const {
+    const ojson* v = get(k);
+    if (!v) return def;
+    if (!v->is_number()) bad_request(name(k), std::string("must be a number, got ") + type_of(*v));
+    const double x = v->get<double>();
+    if (!(x >= lo && x <= hi) || !std::isfinite(x))
+      bad_request(name(k), "must be in [" + fmt(lo) + ", " + fmt(hi) + "], got " + fmt(x));
+    return x;
+  }
+  int64_t integer(const char* k, int64_t def, int64_t lo, int64_t hi) const {
+    const ojson* v = get(k);
+    if (!v) return def;
+    if (!v->is_number_integer()) bad_request(name(k), std::string("must be an integer, got ") + type_of(*v));
+    // Unsigned values beyond int64 are out of range too.
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi))
+      bad_request(name(k), "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    const int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi)
+      bad_request(name(k), "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(x));
+    return x;
+  }
+  bool boolean(const char* k, bool def) const {
+    const ojson* v = get(k);
+    if (!v) return def;
+    if (!v->is_boolean()) bad_request(name(k), std::string("must be a boolean, got ") + type_of(*v));
+    return v->get<bool>();
+  }
+  std::string string(const char* k, const std::string& def) const {
+    const ojson* v = get(k);
+    if (!v) return def;
+    if (!v->is_string()) bad_request(name(k), std::string("must be a string, got ") + type_of(*v));
+    return v->get<std::string>();
+  }
+  static std::string fmt(double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", x);
+    return b;
+  }
+};
+
+// "stop": a string or a list of strings (at most 16, none empty).
+std::vector<std::string> stop_list(const Fields& f, const char* key) {
+  std::vector<std::string> out;
+  const ojson* v = f.get(key);
+  if (!v) return out;
+  if (v->is_string()) {
+    out.push_back(v->get<std::string>());
+  } else if (v->is_array()) {
+    for (const auto& s : *v) {
+      if (!s.is_string()) bad_request(f.name(key), "must be a string or a list of strings");
+      out.push_back(s.get<std::string>());
+    }
+  } else {
+    bad_request(f.name(key), "must be a string or a list of strings");
+  }
+  if (out.size() > 16) bad_request(f.name(key), "at most 16 stop sequences, got " + std::to_string(out.size()));
+  for (const auto& s : out)
+    if (s.empty()) bad_request(f.name(key), "stop sequences must not be empty");
+  return out;
+}
+
+// Sampling fields shared by the OpenAI endpoints.
+void read_sampling(const Fields& f, ParsedRequest& r) {
+  SamplingParams& s = r.gen.sampling;
+  s.temperature = static_cast<float>(f.number("temperature", 1.0, 0.0, 2.0));
+  s.top_p = static_cast<float>(f.number("top_p", 1.0, 0.0, 1.0));
+  if (s.top_p == 0.0f) bad_request("top_p", "must be > 0");
+  const int64_t k = f.integer("top_k", 0, -1, 1 << 30);
+  s.top_k = k < 0 ? 0 : k;  // -1 = off (vLLM's convention)
+  s.min_p = static_cast<float>(f.number("min_p", 0.0, 0.0, 0.999999));
+  s.presence_penalty = static_cast<float>(f.number("presence_penalty", 0.0, -2.0, 2.0));
+  s.frequency_penalty = static_cast<float>(f.number("frequency_penalty", 0.0, -2.0, 2.0));
+  s.repetition_penalty = static_cast<float>(f.number("repetition_penalty", 1.0, 0.01, 10.0));
+  if (f.get("seed")) {
+    s.seed = static_cast<uint64_t>(f.integer("seed", 0, INT64_MIN, INT64_MAX));
+  } else {
+    s.seed = std::random_device{}() * 0x100000000ull + std::random_device{}();
+  }
+  r.gen.stop = stop_list(f, "stop");
+  r.gen.n = static_cast<int>(f.integer("n", 1, 1, 1 << 20));
+}
+
+// Text of a message content: a string, or a list of {"type": "text", "text": ...} parts.
+std::string content_text(const ojson& c, const std::string& where) {
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) bad_request(where, std::string("must be a string or a list of text parts, got ") + type_of(c));
+  std::string out;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const ojson& p = c[i];
+    const std::string w = where + "[" + std::to_string(i) + "]";
+    if (!p.is_object()) bad_request(w, "must be an object");
+    auto t = p.find("type");
+    if (t == p.end() || !t->is_string()) bad_request(w + ".type", "is required");
+    if (*t != "text") bad_request(w + ".type", "only text parts are supported, got '" + t->get<std::string>() + "'");
+    auto x = p.find("text");
+    if (x == p.end() || !x->is_string()) bad_request(w + ".text", "must be a string");
+    out += x->get<std::string>();
+  }
+  return out;
+}
+
+// OpenAI tools: [{"type": "function", "function": {"name", "description", "parameters"}}].
+void check_tools(const ojson& tools, const std::string& where) {
+  if (!tools.is_array()) bad_request(where, "must be a list");
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string w = where + "[" + std::to_string(i) + "]";
+    const ojson& t = tools[i];
+    if (!t.is_object() || t.value("type", "") != "function") bad_request(w + ".type", "must be 'function'");
+    auto fn = t.find("function");
+    if (fn == t.end() || !fn->is_object()) bad_request(w + ".function", "must be an object");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string() || name->get<std::string>().empty())
+      bad_request(w + ".function.name", "must be a non-empty string");
+  }
+}
+
+// The chat's messages in the form render_chat takes, with the tools put on the system message
+// (the official encoding lists them in the first system turn; one is added when there is none).
+ojson chat_messages(const ojson& in, const ojson& tools, const ToolCallStore* store) {
+  if (!in.is_array()) bad_request("messages", std::string("must be a list, got ") + type_of(in));
+  if (in.empty()) bad_request("messages", "must not be empty");
+  ojson out = ojson::array();
+  for (size_t i = 0; i < in.size(); ++i) {
+    const std::string w = "messages[" + std::to_string(i) + "]";
+    const ojson& m = in[i];
+    if (!m.is_object()) bad_request(w, "must be an object");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) bad_request(w + ".role", "is required (a string)");
+    const std::string r = role->get<std::string>();
+    if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool")
+      bad_request(w + ".role", "must be system, developer, user, assistant or tool, got '" + r + "'");
+    ojson o = ojson::object();
+    o["role"] = r;
+    auto c = m.find("content");
+    if (c != m.end() && !c->is_null()) {
+      o["content"] = content_text(*c, w + ".content");
+    } else if (r != "assistant") {
+      bad_request(w + ".content", "is required");
+    }
+    if (r == "assistant") {
+      if (auto rc = m.find("reasoning_content"); rc != m.end() && !rc->is_null()) {
+        if (!rc->is_string()) bad_request(w + ".reasoning_content", "must be a string");
+        o["reasoning_content"] = *rc;
+      }
+      if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
+        o["tool_calls"] = *tc;
+        // The exact text sampled for a call this server returned (byte-identical re-render).
+        if (store && tc->is_array())
+          for (auto& call : o["tool_calls"])
+            if (call.is_object() && call.contains("id") && call["id"].is_string())
+              if (auto d = store->get(call["id"].get<std::string>())) call["dsml"] = *d;
+      }
+      if (!o.contains("content") && !o.contains("tool_calls")) bad_request(w + ".content", "is required without tool_calls");
+    }
+    if (r == "tool") {
+      auto id = m.find("tool_call_id");
+      if (id != m.end() && !id->is_null()) {
+        if (!id->is_string()) bad_request(w + ".tool_call_id", "must be a string");
+        o["tool_call_id"] = *id;
+      }
+    }
+    out.push_back(std::move(o));
+  }
+  if (!tools.empty()) {
+    if (out[0]["role"] != "system") out.insert(out.begin(), ojson{{"role", "system"}, {"content", ""}});
+    out[0]["tools"] = tools;
+  }
+  return out;
+}
+
+ojson parse_json(const std::string& body) {
+  ojson j;
+  try {
+    j = ojson::parse(body);
+  } catch (const nlohmann::json::exception& e) {
+    // nlohmann rejects invalid UTF-8 inside strings too.
+    throw ApiError(400, "invalid_request_error", std::string("the body is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw ApiError(400, "invalid_request_error", "the body must be a JSON object");
+  return j;
+}
+
+// The DSML text that opens a forced tool call (tool_choice required or a named function).
+std::string forced_call_prefix(const std::string& name) {
+  std::string s = std::string("\n\n<") + kDsmlText + "tool_calls>\n";
+  if (!name.empty()) s += std::string("<") + kDsmlText + "invoke name=\"" + name + "\">\n";
+  return s;
+}
+
+void tokenize_prompt(ParsedRequest& r, const Engine& engine, const RequestLimits& lim, const char* max_key,
+                     int64_t max_tokens_given) {
+  const Tokenizer& tok = engine.tokenizer();
+  if (r.gen.prompt.empty()) r.gen.prompt = tok.encode(r.prompt_text + r.forced_prefix);
+  const int64_t ctx = engine.info().context;
+  const int64_t n = static_cast<int64_t>(r.gen.prompt.size());
+  if (n == 0) bad_request("prompt", "must not be empty");
+  if (n >= ctx)
+    bad_request("messages", "the prompt has " + std::to_string(n) + " tokens; the context is " + std::to_string(ctx) +
+                                " (no room to generate)");
+  if (max_tokens_given > 0 && n + max_tokens_given > ctx)
+    bad_request(max_key, "prompt (" + std::to_string(n) + " tokens) + " + max_key + " (" + std::to_string(max_tokens_given) +
+                             ") exceeds the context (" + std::to_string(ctx) + ")");
+  r.gen.max_tokens = max_tokens_given > 0 ? max_tokens_given : std::min(lim.default_max_tokens, ctx - n);
+}
+
+void parse_openai_chat(const ojson& j, ParsedRequest& r, const Engine& engine, const RequestLimits& lim,
+                       const ToolCallStore* store) {
+  Fields f{j, ""};
+  r.model = f.string("model", "");
+  r.stream = f.boolean("stream", false);
+  if (const ojson* so = f.get("stream_options")) {
+    if (!so->is_object()) bad_request("stream_options", "must be an object");
+    r.include_usage = Fields{*so, "stream_options."}.boolean("include_usage", false);
+  }
+  read_sampling(f, r);
+  if (r.gen.n > lim.max_n) bad_request("n", "must be at most " + std::to_string(lim.max_n) + ", got " + std::to_string(r.gen.n));
+  r.logprobs = f.boolean("logprobs", false);
+  const int64_t top = f.integer("top_logprobs", -1, 0, 20);
+  if (top >= 0 && !r.logprobs) bad_request("top_logprobs", "needs logprobs: true");
+  r.gen.top_logprobs = r.logprobs ? static_cast<int>(std::max<int64_t>(top, 0)) : -1;
+  if (const ojson* rf = f.get("response_format")) {
+    if (!rf->is_object()) bad_request("response_format", "must be an object");
+    const std::string t = rf->value("type", "");
+    if (t != "text")
+      bad_request("response_format", "type '" + t + "' is not supported: this server does not constrain output to JSON");
+  }
+  // Thinking: on by default; `thinking: {type}` or `chat_template_kwargs: {thinking}` switch it.
+  bool thinking = true;
+  if (const ojson* t = f.get("thinking")) {
+    if (!t->is_object()) bad_request("thinking", "must be an object");
+    const std::string type = Fields{*t, "thinking."}.string("type", "enabled");
+    if (type != "enabled" && type != "disabled") bad_request("thinking.type", "must be enabled or disabled, got '" + type + "'");
+    thinking = type == "enabled";
+  }
+  if (const ojson* k = f.get("chat_template_kwargs")) {
+    if (!k->is_object()) bad_request("chat_template_kwargs", "must be an object");
+    thinking = Fields{*k, "chat_template_kwargs."}.boolean("thinking", thinking);
+  }
+  r.mode = thinking ? ChatMode::Thinking : ChatMode::Chat;
+  ChatOptions co;
+  co.mode = r.mode;
+  const std::string effort = f.string("reasoning_effort", "");
+  if (effort == "max") {
+    co.reasoning_effort = "max";
+  } else if (effort == "low" || effort == "medium" || effort == "high") {
+    co.reasoning_effort = "high";  // DeepSeek's API maps low / medium to high
+  } else if (!effort.empty()) {
+    bad_request("reasoning_effort", "must be low, medium, high or max, got '" + effort + "'");
+  }
+  if (const ojson* t = f.get("tools")) {
+    check_tools(*t, "tools");
+    r.tools = *t;
+  }
+  // tool_choice: auto (default), none (the tools are left out of the prompt), required or a
+  // named function: the answer is started with the tool-call markup (chat mode only: in thinking
+  // mode the model reasons first, and forcing markup there would cut its reasoning).
+  std::string forced;
+  bool forced_any = false;
+  if (const ojson* tc = f.get("tool_choice")) {
+    if (tc->is_string()) {
+      const std::string c = tc->get<std::string>();
+      if (c == "none") {
+        r.tools = ojson::array();
+      } else if (c == "required") {
+        forced_any = true;
+      } else if (c != "auto") {
+        bad_request("tool_choice", "must be auto, none, required or {type: function, function: {name}}, got '" + c + "'");
+      }
+    } else if (tc->is_object()) {
+      auto fn = tc->find("function");
+      if (fn == tc->end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
+        bad_request("tool_choice.function.name", "is required");
+      forced = (*fn)["name"].get<std::string>();
+      bool known = false;
+      for (const auto& t : r.tools) known |= t["function"]["name"] == forced;
+      if (!known) bad_request("tool_choice.function.name", "'" + forced + "' is not in tools");
+      forced_any = true;
+    } else {
+      bad_request("tool_choice", "must be a string or an object");
+    }
+    if (forced_any && r.tools.empty()) bad_request("tool_choice", "needs tools");
+    if (forced_any && thinking)
+      bad_request("tool_choice", "a required tool call cannot be forced in thinking mode; disable thinking "
+                                 "(thinking: {type: disabled}) or use tool_choice auto");
+  }
+  const ojson* msgs = f.get("messages");
+  if (!msgs) bad_request("messages", "is required");
+  const ojson rendered = chat_messages(*msgs, r.tools, store);
+  try {
+    r.prompt_text = render_chat(rendered, co);
+  } catch (const Error& e) {
+    bad_request("messages", e.what());
+  }
+  if (forced_any) r.forced_prefix = forced_call_prefix(forced);
+  const int64_t mt = f.integer("max_completion_tokens", f.integer("max_tokens", 0, 1, 1 << 30), 1, 1 << 30);
+  tokenize_prompt(r, engine, lim, f.get("max_completion_tokens") ? "max_completion_tokens" : "max_tokens", mt);
+}
+
+void parse_openai_completion(const ojson& j, ParsedRequest& r, const Engine& engine, const RequestLimits& lim) {
+  Fields f{j, ""};
+  r.chat = false;
+  r.model = f.string("model", "");
+  r.stream = f.boolean("stream", false);
+  if (const ojson* so = f.get("stream_options")) {
+    if (!so->is_object()) bad_request("stream_options", "must be an object");
+    r.include_usage = Fields{*so, "stream_options."}.boolean("include_usage", false);
+  }
+  read_sampling(f, r);
+  if (r.gen.n > lim.max_n) bad_request("n", "must be at most " + std::to_string(lim.max_n) + ", got " + std::to_string(r.gen.n));
+  const int64_t lp = f.integer("logprobs", -1, 0, 20);
+  r.logprobs = lp >= 0;
+  r.gen.top_logprobs = static_cast<int>(lp);
+  r.echo = f.boolean("echo", false);
+  if (f.get("suffix")) bad_request("suffix", "is not supported");
+  const ojson* p = f.get("prompt");
+  if (!p) bad_request("prompt", "is required");
+  if (p->is_string()) {
+    r.prompt_text = p->get<std::string>();
+  } else if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
+    const int64_t V = engine.info().vocab;
+    for (size_t i = 0; i < p->size(); ++i) {
+      const ojson& t = (*p)[i];
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= V)
+        bad_request("prompt[" + std::to_string(i) + "]", "must be a token id in [0, " + std::to_string(V) + ")");
+      r.gen.prompt.push_back(t.get<int32_t>());
+    }
+    r.prompt_text = engine.tokenizer().decode(r.gen.prompt);
+  } else {
+    bad_request("prompt", "must be a string or a list of token ids (one prompt per request)");
+  }
+  tokenize_prompt(r, engine, lim, "max_tokens", f.integer("max_tokens", 16, 1, 1 << 30));
+}
+
+// Anthropic Messages -> OpenAI-format messages for the same renderer.
+void parse_anthropic(const ojson& j, ParsedRequest& r, const Engine& engine, const RequestLimits& lim,
+                     const ToolCallStore* store) {
+  Fields f{j, ""};
+  r.model = f.string("model", "");
+  r.stream = f.boolean("stream", false);
+  SamplingParams& s = r.gen.sampling;
+  s.temperature = static_cast<float>(f.number("temperature", 1.0, 0.0, 1.0));
+  s.top_p = static_cast<float>(f.number("top_p", 1.0, 0.0, 1.0));
+  if (s.top_p == 0.0f) bad_request("top_p", "must be > 0");
+  s.top_k = f.integer("top_k", 0, 0, 1 << 30);
+  s.seed = std::random_device{}() * 0x100000000ull + std::random_device{}();
+  r.gen.stop = stop_list(f, "stop_sequences");
+  if (!f.get("max_tokens")) bad_request("max_tokens", "is required");
+  const int64_t max_tokens = f.integer("max_tokens", 0, 1, 1 << 30);
+  // Thinking is off unless asked for, as in Anthropic's API.
+  bool thinking = false;
+  if (const ojson* t = f.get("thinking")) {
+    if (!t->is_object()) bad_request("thinking", "must be an object");
+    const std::string type = Fields{*t, "thinking."}.string("type", "");
+    if (type != "enabled" && type != "disabled") bad_request("thinking.type", "must be enabled or disabled");
+    thinking = type == "enabled";
+  }
+  r.mode = thinking ? ChatMode::Thinking : ChatMode::Chat;
+  ojson tools = ojson::array();
+  if (const ojson* t = f.get("tools")) {
+    if (!t->is_array()) bad_request("tools", "must be a list");
+    for (size_t i = 0; i < t->size(); ++i) {
+      const ojson& x = (*t)[i];
+      const std::string w = "tools[" + std::to_string(i) + "]";
+      if (!x.is_object() || !x.contains("name") || !x["name"].is_string()) bad_request(w + ".name", "must be a string");
+      ojson fn = {{"name", x["name"]}};
+      if (x.contains("description")) fn["description"] = x["description"];
+      fn["parameters"] = x.value("input_schema", ojson::object());
+      tools.push_back({{"type", "function"}, {"function", fn}});
+    }
+  }
+  std::string forced;
+  bool forced_any = false;
+  if (const ojson* tc = f.get("tool_choice")) {
+    if (!tc->is_object()) bad_request("tool_choice", "must be an object");
+    const std::string type = tc->value("type", "");
+    if (type == "none") {
+      tools = ojson::array();
+    } else if (type == "any") {
+      forced_any = true;
+    } else if (type == "tool") {
+      forced = tc->value("name", "");
+      bool known = false;
+      for (const auto& t : tools) known |= t["function"]["name"] == forced;
+      if (!known) bad_request("tool_choice.name", "'" + forced + "' is not in tools");
+      forced_any = true;
+    } else if (type != "auto") {
+      bad_request("tool_choice.type", "must be auto, any, tool or none");
+    }
+    if (forced_any && thinking) bad_request("tool_choice", "a tool call cannot be forced with thinking enabled");
+  }
+  r.tools = tools;
+  ojson msgs = ojson::array();
+  if (const ojson* sys = f.get("system")) msgs.push_back({{"role", "system"}, {"content", content_text(*sys, "system")}});
+  const ojson* in = f.get("messages");
+  if (!in || !in->is_array() || in->empty()) bad_request("messages", "must be a non-empty list");
+  for (size_t i = 0; i < in->size(); ++i) {
+    const ojson& m = (*in)[i];
+    const std::string w = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) bad_request(w, "must be an object");
+    const std::string role = m.value("role", "");
+    if (role != "user" && role != "assistant") bad_request(w + ".role", "must be user or assistant, got '" + role + "'");
+    auto c = m.find("content");
+    if (c == m.end()) bad_request(w + ".content", "is required");
+    if (c->is_string()) {
+      msgs.push_back({{"role", role}, {"content", *c}});
+      continue;
+    }
+    if (!c->is_array()) bad_request(w + ".content", "must be a string or a list of blocks");
+    std::string text, reasoning;
+    ojson calls = ojson::array();
+    for (size_t k = 0; k < c->size(); ++k) {
+      const ojson& b = (*c)[k];
+      const std::string bw = w + ".content[" + std::to_string(k) + "]";
+      if (!b.is_object()) bad_request(bw, "must be an object");
+      const std::string type = b.value("type", "");
+      if (type == "text") {
+        if (!b.contains("text") || !b["text"].is_string()) bad_request(bw + ".text", "must be a string");
+        text += b["text"].get<std::string>();
+      } else if (type == "thinking" && role == "assistant") {
+        reasoning += b.value("thinking", "");
+      } else if (type == "redacted_thinking" && role == "assistant") {
+      } else if (type == "tool_use" && role == "assistant") {
+        if (!b.contains("id") || !b["id"].is_string() || !b.contains("name") || !b["name"].is_string())
+          bad_request(bw, "tool_use needs id and name");
+        ojson input = b.value("input", ojson::object());
+        if (!input.is_object()) bad_request(bw + ".input", "must be an object");
+        calls.push_back({{"id", b["id"]}, {"type", "function"}, {"function", {{"name", b["name"]}, {"arguments", input.dump()}}}});
+      } else if (type == "tool_result" && role == "user") {
+        ojson res = {{"role", "tool"}};
+        if (b.contains("tool_use_id")) res["tool_call_id"] = b["tool_use_id"];
+        const ojson rc = b.value("content", ojson(""));
+        res["content"] = content_text(rc, bw + ".content");
+        msgs.push_back(std::move(res));
+      } else {
+        bad_request(bw + ".type", "unsupported block type '" + type + "' in a " + role + " message");
+      }
+    }
+    if (role == "user" && !text.empty()) msgs.push_back({{"role", "user"}, {"content", text}});
+    if (role == "assistant") {
+      ojson a = {{"role", "assistant"}, {"content", text}};
+      if (!reasoning.empty()) a["reasoning_content"] = reasoning;
+      if (!calls.empty()) a["tool_calls"] = calls;
+      msgs.push_back(std::move(a));
+    }
+  }
+  ChatOptions co;
+  co.mode = r.mode;
+  const ojson rendered = chat_messages(msgs, r.tools, store);
+  try {
+    r.prompt_text = render_chat(rendered, co);
+  } catch (const Error& e) {
+    bad_request("messages", e.what());
+  }
+  if (forced_any) r.forced_prefix = forced_call_prefix(forced);
+  tokenize_prompt(r, engine, lim, "max_tokens", max_tokens);
+}
+
+}  // namespace
+
+ParsedRequest parse_request(Api api, const std::string& body, const Engine& engine, const RequestLimits& lim,
+                            const ToolCallStore* store) {
+  const ojson j = parse_json(body);
+  ParsedRequest r;
+  r.api = api;
+  if (api == Api::OpenAiChat) parse_openai_chat(j, r, engine, lim, store);
+  if (api == Api::OpenAiCompletion) parse_openai_completion(j, r, engine, lim);
+  if (api == Api::Anthropic) parse_anthropic(j, r, engine, lim, store);
+  return r;
+}
+
+}  // namespace dsv4::server

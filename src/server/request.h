@@ -1,0 +1,64 @@
+#pragma once
+// Requests of the OpenAI- and Anthropic-compatible endpoints turned into what the scheduler runs:
+// the prompt (rendered with the DeepSeek-V4 chat encoding, then tokenized), sampling, stops and
+// the shape of the answer. Every field is validated here; a bad one throws ApiError naming it
+// (status 400, OpenAI's error body), before anything reaches the engine.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "server/scheduler.h"
+#include "server/tool_calls.h"
+#include "text/chat.h"
+
+namespace dsv4::server {
+
+struct ApiError : std::runtime_error {
+  ApiError(int status, std::string type, const std::string& message, std::string param = "", std::string code = "")
+      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)), code(std::move(code)) {}
+  int status;
+  std::string type;   // invalid_request_error | authentication_error | server_error | ...
+  std::string param;  // the offending field, when one is
+  std::string code;
+};
+
+// A 400 naming the field.
+[[noreturn]] void bad_request(const std::string& param, const std::string& message);
+
+enum class Api { OpenAiChat, OpenAiCompletion, Anthropic };
+
+// What the server limits (besides the engine's context and memory budget).
+struct RequestLimits {
+  int max_n = 16;                 // choices per request
+  int64_t default_max_tokens = 4096;
+};
+
+struct ParsedRequest {
+  Api api = Api::OpenAiChat;
+  GenParams gen;
+  std::string model;             // echoed back
+  bool stream = false;
+  bool include_usage = false;    // stream_options.include_usage
+  bool logprobs = false;
+  bool chat = true;              // false: /v1/completions (raw text, no chat encoding)
+  ChatMode mode = ChatMode::Thinking;
+  std::string forced_prefix;     // text appended to the prompt that the answer starts with
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // OpenAI format
+  bool echo = false;             // /v1/completions: prompt text in front of the answer
+  std::string prompt_text;
+};
+
+// Parses and validates a request body for `api`. Throws ApiError. Tool calls sent back with an
+// id in `store` are rendered with the DSML the model sampled for them.
+ParsedRequest parse_request(Api api, const std::string& body, const Engine& engine, const RequestLimits& lim,
+                            const ToolCallStore* store = nullptr);
+
+// OpenAI's error body: {"error": {"message", "type", "param", "code"}}.
+std::string error_body(const ApiError& e);
+// Anthropic's: {"type": "error", "error": {"type", "message"}}.
+std::string anthropic_error_body(const ApiError& e);
+
+}  // namespace dsv4::server

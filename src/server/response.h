@@ -1,0 +1,32 @@
+#pragma once
+// A job's events turned into the answer of its endpoint: OpenAI chat completions, OpenAI
+// completions or Anthropic messages, streamed (Server-Sent Events) or as one JSON body. Each
+// choice's text goes through a CompletionStream (text/completion_stream.h), which splits
+// reasoning, content and tool calls without ever letting markup into a delta.
+#include <memory>
+#include <string>
+
+#include "server/request.h"
+#include "server/scheduler.h"
+#include "server/tool_calls.h"
+
+namespace dsv4::server {
+
+class Responder {
+ public:
+  virtual ~Responder() = default;
+  // Streaming: the SSE text to send first, for each event, and at the end (Done).
+  virtual std::string start() = 0;
+  virtual std::string event(const Event& e) = 0;
+  virtual std::string end(const Usage& u) = 0;
+  // Non-streaming: the body once Done arrived (the events were given to event() as they came).
+  virtual std::string body(const Usage& u) = 0;
+};
+
+std::unique_ptr<Responder> make_responder(const ParsedRequest& r, const Tokenizer& tok, ToolCallStore& store);
+
+// "data: <json>\n\n" (and Anthropic's "event: <name>\n" line).
+std::string sse(const std::string& json);
+std::string sse_event(const std::string& name, const std::string& json);
+
+}  // namespace dsv4::server

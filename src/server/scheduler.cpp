@@ -1,0 +1,380 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/stop_filter.h"
+
+namespace dsv4::server {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- Job ----
+
+void Job::push(Event e) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+bool Job::next(Event& e, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (!cv_.wait_for(l, timeout, [&] { return !events_.empty(); })) return false;
+  e = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+Usage Job::usage() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return usage_;
+}
+
+double Job::ttft() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return ttft_;
+}
+
+// ---- the scheduler's per-job state ----
+
+// One choice of a job: its sequence and its text pipeline (ids -> UTF-8 -> stop strings).
+struct Scheduler::Choice {
+  Choice(int i, Sequence s, const GenParams& p, const Tokenizer& tok)
+      : index(i), seq(std::move(s)), sampler(seeded(p.sampling, i)), dec(tok), filter(p.stop, [this](std::string_view t) {
+          released += t;
+        }) {}
+  static SamplingParams seeded(SamplingParams sp, int i) {
+    sp.seed += static_cast<uint64_t>(i);
+    return sp;
+  }
+  int index;
+  Sequence seq;
+  Sampler sampler;
+  StreamDecoder dec;
+  StopFilter filter;
+  std::string released;               // text the filter let through, not yet sent
+  std::vector<int32_t> generated;     // sampled ids (the stop token excluded)
+  std::vector<int32_t> ids;           // ids not yet sent with a Text event
+  std::vector<float> logprobs;
+  std::vector<std::vector<TopLogprob>> top;
+  int32_t next = -1;                  // sampled, to be fed by the next step
+  bool done = false;
+  Clock::time_point last = Clock::now();
+};
+
+struct Scheduler::Active {
+  std::shared_ptr<Job> job;
+  std::vector<std::unique_ptr<Choice>> choices;  // [0] prefills; the others fork from it
+  std::vector<int32_t> pending;                  // prompt tokens choice 0 has still to feed
+  int64_t cached = 0;                            // prompt tokens restored from the prefix cache
+  int64_t max_positions = 0;
+  int64_t promised = 0;                          // bytes reserved ahead for the forks
+  bool prefilled = false;
+  bool gone = false;                             // retired or failed: leaves after this step
+};
+
+Scheduler::Scheduler(Engine& engine, const SchedulerOptions& o, Metrics& metrics)
+    : engine_(engine), opt_(o), metrics_(metrics), cache_(engine, o.cache_budget) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  for (auto& j : waiting_) j->push(Event::failed(Error("server shutting down", ErrorKind::ResourceExhausted)));
+}
+
+int Scheduler::queue_depth() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return static_cast<int>(waiting_.size());
+}
+
+int Scheduler::running() const { return running_; }
+
+Scheduler::Stats Scheduler::stats() const { return {kv_bytes_, cache_bytes_, cache_entries_}; }
+
+void Scheduler::update_stats() {
+  running_ = static_cast<int>(active_.size());
+  kv_bytes_ = engine_.reserved_bytes();
+  cache_bytes_ = cache_.bytes();
+  cache_entries_ = static_cast<int64_t>(cache_.entries());
+}
+
+static int64_t positions_for(const Engine& e, const GenParams& p) {
+  return std::min<int64_t>(static_cast<int64_t>(p.prompt.size()) + p.max_tokens, e.info().context);
+}
+
+void Scheduler::submit(const std::shared_ptr<Job>& job) {
+  const GenParams& p = job->params;
+  const int64_t budget = engine_.info().memory_budget;
+  const int64_t need = static_cast<int64_t>(engine_.sequence_bytes(positions_for(engine_, p))) * p.n;
+  if (budget > 0 && need > budget)
+    throw Error("this request's cache (" + std::to_string(need >> 20) + " MiB for " + std::to_string(p.n) + " x " +
+                    std::to_string(positions_for(engine_, p)) + " positions) exceeds the server's KV budget (" +
+                    std::to_string(budget >> 20) + " MiB): lower max_tokens, n or the prompt");
+  if (p.n > opt_.max_batch)
+    throw Error("n = " + std::to_string(p.n) + " exceeds the server's batch size (" + std::to_string(opt_.max_batch) + ")");
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (static_cast<int>(waiting_.size()) >= opt_.max_queue)
+      throw Error("the server is busy: " + std::to_string(waiting_.size()) + " requests are waiting", ErrorKind::ResourceExhausted);
+    waiting_.push_back(job);
+  }
+  cv_.notify_all();
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    std::vector<std::shared_ptr<Job>> arrived;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || !waiting_.empty() || !active_.empty(); });
+      if (stop_) break;
+    }
+    // Admission in arrival order: a job that does not fit yet blocks the ones behind it, so a
+    // large request is not starved by a stream of small ones.
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        while (!waiting_.empty() && waiting_.front()->cancelled()) {
+          waiting_.front()->push(Event::failed(Error("cancelled", ErrorKind::ResourceExhausted)));
+          waiting_.pop_front();
+        }
+        if (waiting_.empty()) break;
+        job = waiting_.front();
+      }
+      if (!admit(job)) break;
+      std::lock_guard<std::mutex> l(mu_);
+      waiting_.pop_front();
+    }
+    if (!active_.empty()) step();
+  }
+  for (auto& a : active_) a->job->push(Event::failed(Error("server shutting down", ErrorKind::ResourceExhausted)));
+  active_.clear();
+}
+
+bool Scheduler::admit(const std::shared_ptr<Job>& job) {
+  const GenParams& p = job->params;
+  int live = 0;
+  int64_t promised = 0;
+  for (auto& a : active_) {
+    live += static_cast<int>(a->choices.size()) + (a->prefilled ? 0 : a->job->params.n - 1);
+    promised += a->promised;
+  }
+  if (live > 0 && live + p.n > opt_.max_batch) return false;
+  auto a = std::make_unique<Active>();
+  a->job = job;
+  a->max_positions = positions_for(engine_, p);
+  const int64_t per_seq = static_cast<int64_t>(engine_.sequence_bytes(a->max_positions));
+  const int64_t budget = engine_.info().memory_budget;
+  if (budget > 0 && engine_.reserved_bytes() + promised + per_seq * p.n > budget) {
+    if (!active_.empty()) return false;  // wait for running jobs to free their reservations
+    // Nothing else holds memory (snapshots are not reserved): it can never fit.
+    job->push(Event::failed(Error("the request does not fit the KV budget", ErrorKind::ResourceExhausted)));
+    return true;
+  }
+  try {
+    Sequence seq;
+    if (auto hit = cache_.lookup(p.prompt)) {
+      // Restoring needs room for the snapshot's positions (it may reach past this job's end).
+      seq = engine_.restore(hit->snap, std::max(a->max_positions, hit->snap.pos()));
+      engine_.truncate(seq, hit->common);
+      a->cached = hit->common;
+    } else {
+      seq = engine_.new_sequence({.mtp = false, .max_positions = a->max_positions});
+    }
+    a->pending.assign(p.prompt.begin() + a->cached, p.prompt.end());
+    a->promised = per_seq * (p.n - 1);
+    a->choices.push_back(std::make_unique<Choice>(0, std::move(seq), p, engine_.tokenizer()));
+  } catch (const Error& e) {
+    if (e.kind == ErrorKind::ResourceExhausted && !active_.empty()) return false;
+    job->push(Event::failed(e));
+    return true;
+  }
+  active_.push_back(std::move(a));
+  update_stats();
+  return true;
+}
+
+// Samples choice c's next token from its logits and sends what it releases.
+void Scheduler::emit(Active& a, Choice& c, const float* logits) {
+  const GenParams& p = a.job->params;
+  const ModelInfo& info = engine_.info();
+  const int64_t V = info.vocab;
+  const int32_t id = c.sampler.sample(logits, V, c.generated);
+  const auto now = Clock::now();
+  if (c.generated.empty() && c.index == 0) {
+    const double t = std::chrono::duration<double>(now - a.job->submitted_).count();
+    {
+      std::lock_guard<std::mutex> l(a.job->mu_);
+      a.job->ttft_ = t;
+    }
+    metrics_.ttft(t);
+  } else if (!c.generated.empty()) {
+    metrics_.token_latency(std::chrono::duration<double>(now - c.last).count());
+  }
+  c.last = now;
+  if (id == info.eos) return finish_choice(a, c, "eos");
+  if (std::find(p.stop_tokens.begin(), p.stop_tokens.end(), id) != p.stop_tokens.end()) return finish_choice(a, c, "stop_token");
+  c.generated.push_back(id);
+  c.ids.push_back(id);
+  if (p.top_logprobs >= 0) {
+    // Log-probabilities of the model's distribution (before penalties and temperature).
+    double mx = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < V; ++v) mx = std::max<double>(mx, logits[v]);
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(logits[v] - mx);
+    const double lse = mx + std::log(sum);
+    c.logprobs.push_back(static_cast<float>(logits[id] - lse));
+    std::vector<TopLogprob> top;
+    if (p.top_logprobs > 0) {
+      std::vector<int32_t> idx(static_cast<size_t>(V));
+      for (int64_t v = 0; v < V; ++v) idx[static_cast<size_t>(v)] = static_cast<int32_t>(v);
+      const auto k = std::min<int64_t>(p.top_logprobs, V);
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                        [&](int32_t x, int32_t y) { return logits[x] > logits[y] || (logits[x] == logits[y] && x < y); });
+      for (int64_t i = 0; i < k; ++i) top.push_back({idx[i], static_cast<float>(logits[idx[i]] - lse)});
+    }
+    c.top.push_back(std::move(top));
+  }
+  const bool stopped = c.filter.push(c.dec.push(id));
+  if (stopped) return finish_choice(a, c, "stop_string");
+  if (!c.released.empty()) {
+    Event e = Event::of(Event::Text, c.index);
+    e.text = std::move(c.released);
+    e.ids = std::move(c.ids);
+    e.logprobs = std::move(c.logprobs);
+    e.top = std::move(c.top);
+    c.released.clear(), c.ids.clear(), c.logprobs.clear(), c.top.clear();
+    a.job->push(std::move(e));
+  }
+  if (static_cast<int64_t>(c.generated.size()) >= p.max_tokens) return finish_choice(a, c, "length");
+  // The token would be fed at position pos(): the sequence holds at most max_positions.
+  if (c.seq.pos() >= a.max_positions) return finish_choice(a, c, "length");
+  c.next = id;
+}
+
+void Scheduler::finish_choice(Active& a, Choice& c, const std::string& reason) {
+  if (!c.filter.stopped()) {
+    c.filter.push(c.dec.flush());
+    c.filter.finish();
+  }
+  if (!c.released.empty() || !c.ids.empty()) {
+    Event e = Event::of(Event::Text, c.index);
+    e.text = std::move(c.released);
+    e.ids = std::move(c.ids);
+    e.logprobs = std::move(c.logprobs);
+    e.top = std::move(c.top);
+    c.released.clear();
+    a.job->push(std::move(e));
+  }
+  Event f = Event::of(Event::Finish, c.index);
+  f.finish_reason = reason;
+  f.stop_string = c.filter.matched();
+  a.job->push(std::move(f));
+  c.done = true;
+  // The state after the answer: a follow-up turn that quotes it verbatim (chat mode) reuses it.
+  if (a.job->params.n == 1 && !c.seq.broken()) cache_.insert(engine_.snapshot(c.seq));
+}
+
+void Scheduler::retire(Active& a) {
+  Usage u;
+  u.prompt_tokens = static_cast<int64_t>(a.job->params.prompt.size());
+  u.cached_tokens = a.cached;
+  for (auto& c : a.choices) u.completion_tokens += static_cast<int64_t>(c->generated.size());
+  {
+    std::lock_guard<std::mutex> l(a.job->mu_);
+    a.job->usage_ = u;
+  }
+  metrics_.tokens(u.prompt_tokens, u.completion_tokens, u.cached_tokens);
+  a.job->push(Event::of(Event::Done));
+}
+
+void Scheduler::step() {
+  // Cancelled jobs leave before the step: their sequences (and reservations) are freed now.
+  std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->job->cancelled(); });
+  update_stats();
+
+  std::vector<StepRequest> reqs;
+  struct Slot {
+    Active* a;
+    Choice* c;       // decode: the choice; prefill: choice 0
+    bool prefill_end;
+  };
+  std::vector<Slot> slots;
+  for (auto& a : active_)
+    if (a->prefilled)
+      for (auto& c : a->choices)
+        if (!c->done) {
+          reqs.push_back({&c->seq, {c->next}, Rows::Last});
+          slots.push_back({a.get(), c.get(), false});
+        }
+  // Prefill chunks from what is left of the token budget (at least a small chunk, so prompts
+  // progress even when the batch alone fills the budget).
+  int64_t budget = std::max<int64_t>(opt_.step_tokens - static_cast<int64_t>(reqs.size()), 32);
+  for (auto& a : active_) {
+    if (a->prefilled || budget <= 0) continue;
+    const int64_t n = std::min<int64_t>(budget, static_cast<int64_t>(a->pending.size()));
+    const bool end = n == static_cast<int64_t>(a->pending.size());
+    reqs.push_back({&a->choices[0]->seq, {a->pending.begin(), a->pending.begin() + n}, end ? Rows::Last : Rows::None});
+    a->pending.erase(a->pending.begin(), a->pending.begin() + n);
+    slots.push_back({a.get(), a->choices[0].get(), end});
+    budget -= n;
+  }
+  if (reqs.empty()) return;
+
+  const auto t0 = Clock::now();
+  std::vector<StepResult> out;
+  int64_t prefill = 0;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    if (!slots[i].a->prefilled) prefill += static_cast<int64_t>(reqs[i].tokens.size());
+  try {
+    out = engine_.step(reqs);
+  } catch (const Error& e) {
+    // The step's sequences may be half-written: every job in it fails; the others go on.
+    for (auto& s : slots)
+      if (!s.a->gone) s.a->gone = true, s.a->job->push(Event::failed(e));
+    std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->gone; });
+    update_stats();
+    return;
+  }
+  metrics_.step(static_cast<int64_t>(reqs.size()), prefill, std::chrono::duration<double>(Clock::now() - t0).count());
+
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Active& a = *slots[i].a;
+    if (a.gone) continue;
+    if (!slots[i].prefill_end && !a.prefilled) continue;  // a middle chunk of a prompt
+    if (slots[i].prefill_end) {
+      a.prefilled = true;
+      cache_.insert(engine_.snapshot(a.choices[0]->seq));
+      const GenParams& p = a.job->params;
+      try {
+        a.promised = 0;
+        for (int k = 1; k < p.n; ++k)
+          a.choices.push_back(std::make_unique<Choice>(k, engine_.fork(a.choices[0]->seq), p, engine_.tokenizer()));
+      } catch (const Error& e) {
+        a.gone = true;
+        a.job->push(Event::failed(e));
+        continue;
+      }
+      // Every choice starts from the prompt's last logits.
+      for (auto& c : a.choices) emit(a, *c, out[i].logits.data());
+      continue;
+    }
+    emit(a, *slots[i].c, out[i].logits.data());
+  }
+  for (auto& a : active_)
+    if (!a->gone && a->prefilled &&
+        std::all_of(a->choices.begin(), a->choices.end(), [](const std::unique_ptr<Choice>& c) { return c->done; }))
+      retire(*a), a->gone = true;
+  std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->gone || a->job->cancelled(); });
+  update_stats();
+}
+
+}  // namespace dsv4::server

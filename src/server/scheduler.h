@@ -1,0 +1,157 @@
+#pragma once
+// The server's scheduler: one thread owns the Engine and runs continuous batching. Requests
+// (Jobs) are queued by the HTTP threads; every step carries each running choice's decode token
+// plus prefill chunks of admitted prompts under a per-step token budget, so a long prompt never
+// stalls the running streams for longer than one chunk. Requests join and leave between steps.
+//
+// Admission is by memory: a job's sequence reserves the cache of prompt + max_tokens positions
+// against the engine's memory budget (Engine::new_sequence throws ResourceExhausted when it does
+// not fit); such a job waits, in arrival order, until running ones finish. The wait queue is
+// bounded: submit() refuses when it is full (the server answers 503 + Retry-After).
+//
+// Prefix cache: at the end of every prompt, and when a single-choice job finishes, the
+// sequence's state is snapshotted into an LRU cache (PrefixCache); a new job restores the
+// snapshot sharing its longest prefix and prefills only the rest.
+//
+// Results stream back through the Job: the HTTP thread waits on it for events.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "server/metrics.h"
+#include "server/prefix_cache.h"
+
+namespace dsv4::server {
+
+// What one request asks the model to do (already tokenized and validated by the API layer).
+struct GenParams {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 256;
+  SamplingParams sampling;                // seed used for choice 0; choice i uses seed + i
+  std::vector<std::string> stop;          // stop strings (cut from the text, never emitted)
+  std::vector<int32_t> stop_tokens;       // besides the model's EOS
+  int n = 1;                              // choices, sharing one prefill (fork)
+  int top_logprobs = -1;                  // -1: no logprobs; 0..20: the sampled token's + that many
+};
+
+struct TopLogprob {
+  int32_t id;
+  float logprob;
+};
+
+// One event of a job, in order. A choice's Text events end with one Finish; Done ends the job.
+struct Event {
+  enum Kind { Text, Finish, Done, Failed } kind = Text;
+  int choice = 0;
+  std::string text;                 // Text: the choice's next piece (complete UTF-8 characters)
+  // Text: the tokens behind this piece, with their logprobs when asked (a piece may have no
+  // tokens while a stop string is being ruled out, or several when it is released).
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs;
+  std::vector<std::vector<TopLogprob>> top;
+  // Finish: "eos" | "stop_token" | "stop_string" (then stop_string says which) | "length"
+  std::string finish_reason;
+  std::string stop_string;
+  Error error{""};                  // Failed
+
+  static Event of(Kind k, int choice = 0) {
+    Event e;
+    e.kind = k, e.choice = choice;
+    return e;
+  }
+  static Event failed(const Error& err) {
+    Event e = of(Failed);
+    e.error = err;
+    return e;
+  }
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+
+class Job {
+ public:
+  explicit Job(GenParams p) : params(std::move(p)) {}
+  const GenParams params;
+
+  // Waits up to `timeout` for the next event; false on timeout.
+  bool next(Event& e, std::chrono::milliseconds timeout);
+  // The client went away (or gave up): the scheduler frees the job's sequences at the next step.
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+  Usage usage() const;  // complete once Done was received
+  // Seconds from submission to the first generated token (0 until then).
+  double ttft() const;
+
+ private:
+  friend class Scheduler;
+  void push(Event e);
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Event> events_;
+  std::atomic<bool> cancelled_{false};
+  Usage usage_;
+  std::chrono::steady_clock::time_point submitted_ = std::chrono::steady_clock::now();
+  double ttft_ = 0;
+};
+
+struct SchedulerOptions {
+  int max_batch = 16;              // choices decoding at once
+  int64_t step_tokens = 256;       // tokens per step (decode tokens + prefill chunks)
+  int max_queue = 64;              // jobs waiting for admission before submit() refuses
+  int64_t cache_budget = 256 << 20;  // bytes of prefix-cache snapshots (0 = no cache)
+};
+
+class Scheduler {
+ public:
+  Scheduler(Engine& engine, const SchedulerOptions& o, Metrics& metrics);
+  ~Scheduler();  // stops the thread; pending jobs end with Failed
+
+  // Queues a job. Throws Error(ResourceExhausted) when the queue is full, Error(BadInput) when
+  // the job can never run (its reservation exceeds the whole memory budget).
+  void submit(const std::shared_ptr<Job>& job);
+  int queue_depth() const;
+  int running() const;  // jobs being prefilled or decoded
+  struct Stats {
+    int64_t kv_reserved_bytes, cache_bytes, cache_entries;
+  };
+  Stats stats() const;  // as of the last step (the engine is only read by the scheduler thread)
+
+ private:
+  struct Choice;
+  struct Active;
+  void loop();
+  bool admit(const std::shared_ptr<Job>& job);
+  void step();
+  void finish_choice(Active& a, Choice& c, const std::string& reason);
+  void retire(Active& a);
+  void emit(Active& a, Choice& c, const float* logits);
+
+  Engine& engine_;
+  const SchedulerOptions opt_;
+  Metrics& metrics_;
+  PrefixCache cache_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> waiting_;
+  std::vector<std::unique_ptr<Active>> active_;  // owned by the scheduler thread
+  std::atomic<int> running_{0};
+  std::atomic<int64_t> kv_bytes_{0}, cache_bytes_{0}, cache_entries_{0};
+  void update_stats();
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace dsv4::server

@@ -1,0 +1,131 @@
+// dsv4 serve driven by the official `openai` npm client: the answers, streamed and not, the
+// batching invariants (a request in a batch == alone), n > 1 through fork, the prefix cache.
+const test = require('node:test');
+const assert = require('node:assert');
+const { OpenAI } = require('openai');
+const { startServer, metric, collectChat } = require('./harness.cjs');
+
+let srv, client;
+test.before(async () => {
+  srv = await startServer(['--max-batch', '8']);
+  client = new OpenAI({ baseURL: srv.base, apiKey: 'unused', maxRetries: 0 });
+});
+test.after(async () => srv && srv.stop());
+
+const chat = (content, extra = {}) => ({
+  model: 'demo',
+  messages: [{ role: 'user', content }],
+  max_tokens: 24,
+  temperature: 0.8,
+  seed: 7,
+  ...extra,
+});
+
+test('models, health and metrics', async () => {
+  const models = await client.models.list();
+  assert.strictEqual(models.data.length, 1);
+  assert.strictEqual(models.data[0].id, 'demo-model');
+  const health = await (await fetch(srv.url + '/health')).json();
+  assert.strictEqual(health.status, 'ok');
+  const m = await (await fetch(srv.url + '/metrics')).text();
+  assert.match(m, /# TYPE dsv4_time_to_first_token_seconds histogram/);
+});
+
+test('non-streamed answer == concatenated stream (thinking mode)', async () => {
+  const full = await client.chat.completions.create(chat('Hello there'));
+  const msg = full.choices[0].message;
+  assert.ok(msg.content.length + msg.reasoning_content.length > 0, 'some text');
+  const streamed = await collectChat(await client.chat.completions.create({ ...chat('Hello there'), stream: true,
+    stream_options: { include_usage: true } }));
+  assert.strictEqual(streamed.choices[0].content, msg.content);
+  assert.strictEqual(streamed.choices[0].reasoning_content, msg.reasoning_content);
+  assert.strictEqual(streamed.choices[0].finish_reason, full.choices[0].finish_reason);
+  assert.strictEqual(streamed.usage.completion_tokens, full.usage.completion_tokens);
+  assert.strictEqual(streamed.usage.prompt_tokens, full.usage.prompt_tokens);
+});
+
+test('chat mode has no reasoning; stop strings cut the text', async () => {
+  const base = chat('Tell me something', { thinking: { type: 'disabled' }, temperature: 0, max_tokens: 16 });
+  const a = await client.chat.completions.create(base);
+  assert.strictEqual(a.choices[0].message.reasoning_content, undefined);
+  const text = a.choices[0].message.content;
+  assert.ok(text.length > 4, 'chat-mode text: ' + JSON.stringify(text));
+  const stop = text.slice(2, 4);
+  const b = await client.chat.completions.create({ ...base, stop: [stop] });
+  assert.strictEqual(b.choices[0].message.content, text.slice(0, text.indexOf(stop)));
+  assert.strictEqual(b.choices[0].finish_reason, 'stop');
+  // chat_template_kwargs switches thinking too: same prompt as thinking: disabled.
+  const c = await client.chat.completions.create({ ...chat('Tell me something', { temperature: 0, max_tokens: 16 }),
+    chat_template_kwargs: { thinking: false } });
+  assert.strictEqual(c.choices[0].message.content, text);
+});
+
+test('8 concurrent requests each equal the same request alone', async () => {
+  const reqs = Array.from({ length: 8 }, (_, i) => chat(`Question number ${i}: ${'why '.repeat(i)}?`, { seed: 100 + i }));
+  const alone = [];
+  for (const r of reqs) alone.push(await client.chat.completions.create(r));
+  const before = await metric(srv.url, 'dsv4_steps_total');
+  const together = await Promise.all(reqs.map((r, i) =>
+    i % 2 ? client.chat.completions.create(r)
+          : client.chat.completions.create({ ...r, stream: true }).then(collectChat)));
+  for (let i = 0; i < 8; ++i) {
+    const t = i % 2 ? together[i].choices[0].message : together[i].choices[0];
+    assert.strictEqual(t.content, alone[i].choices[0].message.content, `request ${i}`);
+    assert.strictEqual(t.reasoning_content, alone[i].choices[0].message.reasoning_content, `request ${i}`);
+  }
+  // They were batched: far fewer steps than 8 requests x 24 tokens.
+  const steps = (await metric(srv.url, 'dsv4_steps_total')) - before;
+  assert.ok(steps < 8 * 24, `steps ${steps}`);
+});
+
+test('n = 3: three choices from one prefill, each == a single request with its seed', async () => {
+  const prompt = 'Pick three colours. '.repeat(8);
+  const before = await metric(srv.url, 'dsv4_prefill_tokens_total');
+  const three = await client.chat.completions.create(chat(prompt, { n: 3, seed: 40, max_tokens: 12 }));
+  const fed = (await metric(srv.url, 'dsv4_prefill_tokens_total')) - before;
+  assert.strictEqual(three.choices.length, 3);
+  assert.ok(fed <= three.usage.prompt_tokens, `prefilled ${fed} tokens for a ${three.usage.prompt_tokens}-token prompt`);
+  for (let i = 0; i < 3; ++i) {
+    const one = await client.chat.completions.create(chat(prompt, { seed: 40 + i, max_tokens: 12 }));
+    assert.strictEqual(three.choices[i].message.content, one.choices[0].message.content, `choice ${i}`);
+    assert.strictEqual(three.choices[i].message.reasoning_content, one.choices[0].message.reasoning_content, `choice ${i}`);
+  }
+});
+
+test('a repeated multi-turn conversation hits the prefix cache with identical output', async () => {
+  const first = chat('Remember the number 42.', { temperature: 0, max_tokens: 10 });
+  const r1 = await client.chat.completions.create(first);
+  const turn2 = {
+    ...first,
+    messages: [...first.messages, { role: 'assistant', content: r1.choices[0].message.content,
+      reasoning_content: r1.choices[0].message.reasoning_content }, { role: 'user', content: 'Which number?' }],
+  };
+  const a = await client.chat.completions.create(turn2);
+  assert.ok(a.usage.prompt_tokens_details.cached_tokens > 0, 'second turn reuses the first turn');
+  const b = await client.chat.completions.create(turn2);
+  assert.ok(b.usage.prompt_tokens_details.cached_tokens >= a.usage.prompt_tokens - 1, 'the same request again: all but the last token cached');
+  assert.strictEqual(b.choices[0].message.content, a.choices[0].message.content);
+  assert.strictEqual(b.choices[0].message.reasoning_content, a.choices[0].message.reasoning_content);
+});
+
+test('completions endpoint: stream == non-stream, logprobs, echo', async () => {
+  const req = { model: 'demo', prompt: 'The quick brown fox', max_tokens: 10, temperature: 0, logprobs: 2 };
+  const full = await client.completions.create(req);
+  assert.strictEqual(full.choices[0].logprobs.tokens.length, full.usage.completion_tokens);
+  let text = '';
+  for await (const c of await client.completions.create({ ...req, stream: true })) text += c.choices[0]?.text || '';
+  assert.strictEqual(text, full.choices[0].text);
+  const echo = await client.completions.create({ ...req, echo: true });
+  assert.strictEqual(echo.choices[0].text, 'The quick brown fox' + full.choices[0].text);
+});
+
+test('chat logprobs: one entry per generated token, top_logprobs sorted', async () => {
+  const r = await client.chat.completions.create(chat('Hi', { logprobs: true, top_logprobs: 3, max_tokens: 8 }));
+  const lp = r.choices[0].logprobs.content;
+  assert.strictEqual(lp.length, r.usage.completion_tokens);
+  for (const e of lp) {
+    assert.strictEqual(e.top_logprobs.length, 3);
+    assert.ok(e.top_logprobs[0].logprob >= e.top_logprobs[2].logprob);
+    assert.ok(e.logprob <= 0);
+  }
+});
