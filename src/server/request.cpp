@@ -15,7 +15,7 @@ std::string error_body(const ApiError& e) {
   ojson err = {{"message", e.what()}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
   if (!e.param.empty()) err["param"] = e.param;
   if (!e.code.empty()) err["code"] = e.code;
-  return ojson{{"error", err}}.dump();
+  return ojson{{"error", err}}.dump(-1, ' ', false, ojson::error_handler_t::replace);
 }
 
 std::string anthropic_error_body(const ApiError& e) {
@@ -26,7 +26,8 @@ std::string anthropic_error_body(const ApiError& e) {
   if (e.status == 413) type = "request_too_large";
   if (e.status == 503) type = "overloaded_error";
   if (e.status >= 500 && e.status != 503) type = "api_error";
-  return ojson{{"type", "error"}, {"error", {{"type", type}, {"message", e.what()}}}}.dump();
+  return ojson{{"type", "error"}, {"error", {{"type", type}, {"message", e.what()}}}}.dump(-1, ' ', false,
+                                                                                        ojson::error_handler_t::replace);
 }
 
 namespace {
@@ -212,7 +213,32 @@ ojson chat_messages(const ojson& in, const ojson& tools, const ToolCallStore* st
   return out;
 }
 
+// JSON text is UTF-8 (RFC 8259); nlohmann's parser passes invalid bytes inside strings through,
+// so they are refused here, before anything renders or echoes them.
+void check_utf8(const std::string& s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    bool ok = len > 0 && i + len <= n && !(c == 0xC0 || c == 0xC1 || c > 0xF4);
+    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      ok = (d & 0xC0) == 0x80;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8 either.
+    if (ok && ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF)))
+      ok = false;
+    if (!ok)
+      throw ApiError(400, "invalid_request_error", "the body is not valid UTF-8 (byte " + std::to_string(i) + ")");
+    i += len;
+  }
+}
+
 ojson parse_json(const std::string& body) {
+  check_utf8(body);
   ojson j;
   try {
     j = ojson::parse(body);

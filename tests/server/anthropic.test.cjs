@@ -1,0 +1,73 @@
+// dsv4 serve's /v1/messages driven by the official `@anthropic-ai/sdk` client, with an API key.
+const test = require('node:test');
+const assert = require('node:assert');
+const Anthropic = require('@anthropic-ai/sdk').default;
+const { startServer } = require('./harness.cjs');
+
+let srv, client;
+test.before(async () => {
+  srv = await startServer(['--api-key', 'sekrit']);
+  client = new Anthropic({ baseURL: srv.url, apiKey: 'sekrit', maxRetries: 0 });
+});
+test.after(async () => srv && srv.stop());
+
+const req = (extra = {}) => ({
+  model: 'demo',
+  max_tokens: 20,
+  temperature: 0,
+  messages: [{ role: 'user', content: 'Say something' }],
+  ...extra,
+});
+
+const blocksText = (m) => m.content.map((b) => (b.type === 'text' ? b.text : b.type === 'thinking' ? '[T]' + b.thinking : '')).join('|');
+
+test('non-streamed message == the streamed one (text)', async () => {
+  const full = await client.messages.create(req());
+  assert.strictEqual(full.type, 'message');
+  assert.strictEqual(full.role, 'assistant');
+  assert.ok(full.content.length >= 1);
+  assert.strictEqual(full.stop_reason, 'max_tokens');
+  assert.strictEqual(full.usage.output_tokens, 20);
+  const streamed = await client.messages.stream(req()).finalMessage();
+  assert.deepStrictEqual(streamed.content, full.content);
+  assert.strictEqual(streamed.stop_reason, full.stop_reason);
+  assert.strictEqual(streamed.usage.output_tokens, full.usage.output_tokens);
+});
+
+test('thinking enabled: a thinking block first, same in both forms', async () => {
+  const r = req({ thinking: { type: 'enabled', budget_tokens: 1024 }, max_tokens: 12 });
+  const full = await client.messages.create(r);
+  assert.strictEqual(full.content[0].type, 'thinking');
+  const streamed = await client.messages.stream(r).finalMessage();
+  assert.strictEqual(blocksText(streamed), blocksText(full));
+});
+
+test('system prompt, multi-turn and tool results are accepted', async () => {
+  const r = req({
+    system: 'You are terse.',
+    tools: [{ name: 'get_time', description: 'time now', input_schema: { type: 'object', properties: { tz: { type: 'string' } } } }],
+    messages: [
+      { role: 'user', content: 'What time is it?' },
+      { role: 'assistant', content: [{ type: 'tool_use', id: 'toolu_1', name: 'get_time', input: { tz: 'UTC' } }] },
+      { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: '12:00' }] },
+    ],
+  });
+  const full = await client.messages.create(r);
+  assert.ok(full.usage.input_tokens + (full.usage.cache_read_input_tokens || 0) > 20);
+});
+
+test('a wrong API key is refused with 401', async () => {
+  const bad = new Anthropic({ baseURL: srv.url, apiKey: 'wrong', maxRetries: 0 });
+  await assert.rejects(bad.messages.create(req()), (e) => e.status === 401 && e.error?.type === 'error');
+  const res = await fetch(srv.base + '/chat/completions', { method: 'POST', body: '{}' });
+  assert.strictEqual(res.status, 401);
+  const ok = await fetch(srv.base + '/models', { headers: { Authorization: 'Bearer sekrit' } });
+  assert.strictEqual(ok.status, 200);
+});
+
+test('bad requests get Anthropic error bodies', async () => {
+  await assert.rejects(client.messages.create({ model: 'demo', messages: [{ role: 'user', content: 'x' }] }),
+    (e) => e.status === 400 && /max_tokens/.test(e.message));
+  await assert.rejects(client.messages.create(req({ messages: [{ role: 'system', content: 'x' }] })),
+    (e) => e.status === 400 && /role/.test(e.message));
+});

@@ -1,0 +1,123 @@
+// dsv4 serve under bad input, overload and cancellation: statuses, OpenAI error bodies naming
+// the field, no stuck slot, no leaked sequence, and the server keeps serving.
+const test = require('node:test');
+const assert = require('node:assert');
+const net = require('node:net');
+const { OpenAI } = require('openai');
+const { startServer, metric } = require('./harness.cjs');
+
+let srv, client;
+test.before(async () => {
+  srv = await startServer(['--max-batch', '2', '--max-queue', '1', '--ctx-size', '256']);
+  client = new OpenAI({ baseURL: srv.base, apiKey: 'x', maxRetries: 0 });
+});
+test.after(async () => srv && srv.stop());
+
+async function post(body, headers = {}) {
+  const res = await fetch(srv.base + '/chat/completions', {
+    method: 'POST', body, headers: { 'Content-Type': 'application/json', ...headers } });
+  return { status: res.status, json: await res.json().catch(() => null) };
+}
+const ok = { messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 };
+
+test('every bad input of issue 13 item 9 gets its status and a message naming it', async () => {
+  const cases = [
+    ['{"messages": [', 400, /not valid JSON/],
+    ['[1, 2]', 400, /JSON object/],
+    [JSON.stringify({ messages: 'hi' }), 400, /messages/],
+    [JSON.stringify({ messages: [] }), 400, /messages.*empty/],
+    [JSON.stringify({ messages: [{ role: 'wizard', content: 'x' }] }), 400, /role/],
+    [JSON.stringify({ messages: [{ content: 'x' }] }), 400, /role/],
+    [JSON.stringify({ ...ok, temperature: 'hot' }), 400, /temperature/],
+    [JSON.stringify({ ...ok, temperature: 9 }), 400, /temperature/],
+    [JSON.stringify({ ...ok, max_tokens: 0 }), 400, /max_tokens/],
+    [JSON.stringify({ ...ok, max_tokens: 100000 }), 400, /max_tokens.*context/],
+    [JSON.stringify({ ...ok, n: 50 }), 400, /'n'/],
+    [JSON.stringify({ ...ok, top_logprobs: 3 }), 400, /top_logprobs/],
+    [JSON.stringify({ ...ok, stop: [1] }), 400, /stop/],
+    [JSON.stringify({ ...ok, response_format: { type: 'json_object' } }), 400, /response_format/],
+    [JSON.stringify({ ...ok, tool_choice: 'required' }), 400, /tool_choice/],
+    [JSON.stringify({ ...ok, messages: [{ role: 'user', content: 'word '.repeat(400) }] }), 400, /context/],
+    [JSON.stringify({ ...ok, messages: [{ role: 'user', content: [{ type: 'image_url', image_url: {} }] }] }), 400, /text parts/],
+  ];
+  for (const [body, status, re] of cases) {
+    const r = await post(body);
+    assert.strictEqual(r.status, status, body.slice(0, 80));
+    assert.ok(r.json && r.json.error && typeof r.json.error.message === 'string', body.slice(0, 80));
+    assert.match(r.json.error.message, re, body.slice(0, 80));
+    assert.strictEqual(r.json.error.type, 'invalid_request_error');
+  }
+  // Invalid UTF-8 inside a JSON string.
+  const bytes = Buffer.concat([Buffer.from('{"messages":[{"role":"user","content":"a'), Buffer.from([0xff, 0xfe]), Buffer.from('"}]}')]);
+  const r = await fetch(srv.base + '/chat/completions', { method: 'POST', body: bytes });
+  assert.strictEqual(r.status, 400);
+  // Oversized body: 413 with a JSON error.
+  const big = await post(JSON.stringify({ ...ok, pad: 'x'.repeat(9 << 20) }));
+  assert.strictEqual(big.status, 413);
+  // Unknown endpoint: 404 with a JSON error.
+  const nf = await fetch(srv.base + '/nope');
+  assert.strictEqual(nf.status, 404);
+  assert.ok((await nf.json()).error.message.includes('/v1/nope'));
+  // Still serving, nothing leaked.
+  const good = await client.chat.completions.create({ model: 'demo', ...ok });
+  assert.strictEqual(good.choices.length, 1);
+  assert.strictEqual(await metric(srv.url, 'dsv4_running_sequences'), 0);
+  assert.strictEqual(await metric(srv.url, 'dsv4_kv_reserved_bytes'), 0);
+});
+
+test('oversized headers and a client that sends nothing do not stall the server', async () => {
+  const res = await fetch(srv.base + '/models', { headers: { 'X-Big': 'y'.repeat(64 * 1024) } }).catch(() => ({ status: 'closed' }));
+  assert.notStrictEqual(res.status, 200);
+  // A slow client: connects, sends half a request line, goes quiet. Others are served meanwhile.
+  const sock = net.connect(new URL(srv.url).port, '127.0.0.1');
+  sock.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n');
+  const r = await client.chat.completions.create({ model: 'demo', ...ok });
+  assert.strictEqual(r.choices.length, 1);
+  sock.destroy();
+});
+
+test('overload: a full queue answers 503 with Retry-After, no hang', async () => {
+  // max-batch 2 + queue 1: a fourth concurrent long request must be refused.
+  const long = { model: 'demo', messages: [{ role: 'user', content: 'go on' }], max_tokens: 150, stream: true };
+  const controllers = [];
+  const started = [];
+  const health = async () => (await fetch(srv.url + '/health')).json();
+  // Two running, then one queued: one at a time, so the queue holds exactly what we expect.
+  for (const [i, until] of [[0, (h) => h.running >= 1 && h.queue_depth === 0], [1, (h) => h.running === 2],
+                            [2, (h) => h.queue_depth === 1]]) {
+    const c = new AbortController();
+    controllers.push(c);
+    started.push(await client.chat.completions.create(long, { signal: c.signal }));
+    let h = await health();
+    for (let k = 0; k < 200 && !until(h); ++k) await new Promise((r) => setTimeout(r, 25)), (h = await health());
+    assert.ok(until(h), `request ${i}: ${JSON.stringify(h)}`);
+  }
+  const res = await fetch(srv.base + '/chat/completions', { method: 'POST', body: JSON.stringify(long) });
+  assert.strictEqual(res.status, 503);
+  assert.ok(res.headers.get('retry-after'));
+  assert.match((await res.json()).error.message, /busy/);
+  for (const c of controllers) c.abort();
+  for (const s of started) await (async () => { try { for await (const _ of s); } catch (e) {} })();
+});
+
+test('a cancelled stream frees its capacity within a step', async () => {
+  for (let i = 0; i < 100 && (await metric(srv.url, 'dsv4_running_sequences')) > 0; ++i)
+    await new Promise((r) => setTimeout(r, 50));
+  const c = new AbortController();
+  const s = await client.chat.completions.create(
+    { model: 'demo', messages: [{ role: 'user', content: 'long story' }], max_tokens: 200, stream: true }, { signal: c.signal });
+  let n = 0;
+  try {
+    for await (const _ of s) if (++n === 3) c.abort();
+  } catch (e) {}
+  let running = 1;
+  for (let i = 0; i < 100 && running > 0; ++i) {
+    await new Promise((r) => setTimeout(r, 50));
+    running = await metric(srv.url, 'dsv4_running_sequences');
+  }
+  assert.strictEqual(running, 0, 'the cancelled sequence was freed');
+  assert.strictEqual(await metric(srv.url, 'dsv4_kv_reserved_bytes'), 0);
+  // Both slots are usable again.
+  const two = await Promise.all([0, 1].map(() => client.chat.completions.create({ model: 'demo', ...ok })));
+  assert.strictEqual(two.length, 2);
+});
