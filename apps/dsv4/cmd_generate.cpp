@@ -25,6 +25,7 @@ std::unique_ptr<Engine> load_engine(const Args& a, const GenerateOptions& opt) {
   eo.load = load_mode_option(a);
   eo.context = opt.context_limit;
   eo.memory_budget = memory_budget_option(a);
+  eo.parallel = parallel_option(a);
   const std::string tdir = a.str("tokenizer", eo.model_dir);
   const std::filesystem::path tp(tdir);
   if (std::filesystem::is_regular_file(tp)) {
