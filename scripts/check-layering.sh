@@ -11,12 +11,13 @@ declare -A allowed=(
   [src/kernels/cuda]="core kernels/cuda"
   [src/kernels/cuda_emu]="kernels/cuda_emu"
   [src/kv]="core io kv"
-  [src/model]="core io kv model"
+  [src/parallel]="core parallel"
+  [src/model]="core io kv parallel model"
   [src/backends/cpu]="core io kv model kernels/cpu backends/cpu"
   [src/backends/cuda]="core io kv model kernels/cuda backends/cuda"
   [src/text]="core text"
-  [src/engine]="core io kv model kernels/cpu kernels/cuda backends/cpu backends/cuda text engine"
-  [src/tools]="core io kv model kernels/cpu backends/cpu text engine tools"
+  [src/engine]="core io kv parallel model kernels/cpu kernels/cuda backends/cpu backends/cuda text engine"
+  [src/tools]="core io kv parallel model kernels/cpu backends/cpu text engine tools"
   # The server is an app of the engine: the engine API and the text layer only.
   [src/server]="core text engine server"
   # Apps see the engine's public headers only: no tensors, weights, backends or kernels.

@@ -2,9 +2,11 @@
 # Installs the Debian packages the build needs, only those missing. Safe to run repeatedly.
 set -euo pipefail
 # clang + its runtime: the libFuzzer tier (scripts/fuzz.sh); python3 (standard library only):
-# scripts/compare-logits.py in the emulated-CLI golden tests.
-# libcpp-httplib-dev + pkg-config: the HTTP server of dsv4 serve.
-pkgs=(cmake g++ make libgtest-dev nlohmann-json3-dev clang libclang-rt-14-dev python3 libcpp-httplib-dev pkg-config)
+# scripts/compare-logits.py in the emulated-CLI golden tests; Open MPI: multi-process runs
+# (--parallel, docs/parallel.md) and their tests (mpirun); libcpp-httplib-dev + pkg-config: the
+# HTTP server of dsv4 serve.
+pkgs=(cmake g++ make libgtest-dev nlohmann-json3-dev clang libclang-rt-14-dev python3 openmpi-bin libopenmpi-dev
+  libcpp-httplib-dev pkg-config)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

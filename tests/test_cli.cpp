@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "test_util.h"
 #include "tools/logits.h"
@@ -232,6 +233,47 @@ TEST(Cli, InspectDescribesCheckpoint) {
   const std::string& out = r.output;
   for (const char* s : {"NVFP4", "MXFP4", "FP8Block", "CSA(4)", "HCA(16)", "window", "hash-routed", "mtp", "F8_E4M3", "total"})
     EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
+}
+
+// `inspect --parallel ep --world N`: one line per rank, each holding the replicated part plus
+// its experts, so the ranks together hold the model plus (N - 1) copies of the replicated part,
+// and the rank with more experts sends more per token.
+TEST(Cli, InspectParallelSplitsTheExperts) {
+  const std::string m = golden_dir("tiny-native") + "/model";
+  CommandResult r = run_command(std::string(DSV4_BIN) + " inspect --model " + m + " --parallel ep --world 3");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string& out = r.output;
+  const size_t at = out.find("--parallel ep over 3 ranks");
+  ASSERT_NE(at, std::string::npos) << out;
+  std::istringstream in(out.substr(at));
+  std::string line;
+  std::getline(in, line);
+  const double replicated_mib = std::stod(line.substr(line.find("the rest, ") + 10));
+  std::getline(in, line);  // header
+  std::vector<double> resident, sent;
+  std::vector<std::string> ranges;
+  for (int r = 0; r < 3; ++r) {
+    std::getline(in, line);
+    std::istringstream f(line);
+    int rank;
+    std::string range;
+    double bytes, s;
+    f >> rank >> range >> bytes >> s;
+    EXPECT_EQ(rank, r) << line;
+    ranges.push_back(range);
+    resident.push_back(bytes);
+    sent.push_back(s);
+  }
+  std::getline(in, line);
+  const double whole = std::stod(line.substr(line.find("one process: ") + 13));
+  EXPECT_EQ(ranges, (std::vector<std::string>{"0-1", "2-4", "5-7"}));  // 8 experts over 3 ranks
+  const double replicated = replicated_mib * 1024 * 1024;
+  EXPECT_NEAR(resident[0] + resident[1] + resident[2], whole + 2 * replicated, 0.1 * 1024 * 1024);
+  for (double b : resident) EXPECT_LT(b, whole);
+  EXPECT_EQ(resident[1], resident[2]);
+  EXPECT_LT(resident[0], resident[1]);
+  EXPECT_LT(sent[0], sent[1]);  // fewer experts, fewer rows to send (plus the small request)
+  EXPECT_EQ(run_command(std::string(DSV4_BIN) + " inspect --model " + m + " --world 3").status, 2);  // --world needs --parallel
 }
 
 TEST(Cli, MakeTinyThenScore) {

@@ -106,6 +106,18 @@ inline int64_t memory_budget_option(const Args& a) {
   return static_cast<int64_t>(mb * 1024 * 1024);
 }
 
+// --parallel none|ep (default none): how the ranks of `mpirun -np N dsv4 ...` split the model
+// (docs/parallel.md).
+inline Parallel parallel_option(const Args& a) {
+  try {
+    return parse_parallel(a.str("parallel", "none"));
+  } catch (const Usage&) {
+    throw;
+  } catch (const Error& e) {
+    throw Usage(e.what());
+  }
+}
+
 // Comma-separated token ids.
 std::vector<int32_t> parse_tokens(const std::string& s);
 

@@ -60,6 +60,7 @@ int cmd_score(const Args& a) {
   eo.load = load_mode_option(a);
   eo.device = device_option(a);
   eo.memory_budget = memory_budget_option(a);
+  eo.parallel = parallel_option(a);
   a.check_all_used();
   if (token_args.empty()) throw Usage("missing required option --tokens");
   if (outs.size() != token_args.size())
@@ -123,8 +124,12 @@ int cmd_make_tiny(const Args& a) {
 
 int cmd_inspect(const Args& a) {
   const std::string dir = a.str("model");
+  const Parallel par = parallel_option(a);
+  const int64_t world = a.integer("world", 1);
   a.check_all_used();
-  std::fputs(inspect_model(dir).c_str(), stdout);
+  if (world < 1 || world > 4096) throw Usage("--world must be in [1, 4096], got " + std::to_string(world));
+  if (world > 1 && par == Parallel::None) throw Usage("--world needs --parallel ep");
+  std::fputs(inspect_model(dir, par == Parallel::None ? 1 : static_cast<int>(world)).c_str(), stdout);
   return 0;
 }
 
@@ -140,6 +145,7 @@ int cmd_bench(const Args& a) {
   o.load = load_mode_option(a);
   o.device = device_option(a);
   o.memory_budget = memory_budget_option(a);
+  o.parallel = parallel_option(a);
   o.batches.clear();
   for (const std::string& b : split_commas(a.str("batch", "1"))) {
     char* end = nullptr;

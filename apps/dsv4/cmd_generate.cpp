@@ -21,6 +21,7 @@ EngineOptions engine_options(const Args& a, int64_t context) {
   eo.load = load_mode_option(a);
   eo.context = context;
   eo.memory_budget = memory_budget_option(a);
+  eo.parallel = parallel_option(a);
   const std::string tdir = a.str("tokenizer", eo.model_dir);
   const std::filesystem::path tp(tdir);
   if (std::filesystem::is_regular_file(tp)) {

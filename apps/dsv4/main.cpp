@@ -3,10 +3,12 @@
 
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <string>
 
 #include "args.h"
+#include "engine/cluster.h"
 
 using namespace dsv4;
 using namespace dsv4::cli;
@@ -41,6 +43,11 @@ Commands:
       --device D         cpu | cuda (default cpu). cuda needs a dsv4 built with CUDA and a
                          usable GPU, else exits 1 saying which is missing; its caches are
                          sized for the longest sequence given; no MTP on cuda yet
+      --parallel ep      under `mpirun -np N` (score, generate, chat, bench): the routed
+                         experts split by id across the N processes, the rest on each;
+                         rank 0 runs the command, the others follow it; logits bit-identical
+                         to one process (docs/parallel.md). Every rank needs the same
+                         arguments and the checkpoint at the same path
 
   make-tiny   Write a random checkpoint at small dimensions that exercises every layer kind
               (window-only, CSA, HCA, hash-routed MoE, MTP).
@@ -104,6 +111,8 @@ Commands:
   inspect     Describe a checkpoint: layout and formats, config summary, layer kinds, bytes
               per dtype.
       --model DIR
+      --parallel ep --world N   also each rank's resident weight bytes and the bytes it
+                         sends per decoded token when N processes split the experts
 
   bench       Measure prefill and decode speed against this machine's limits, measured in the
               same run (streaming-read bandwidth, FMA peak).
@@ -153,9 +162,33 @@ Commands:
 Errors print one line to stderr and exit with status 1 (2 for bad usage).
 )";
 
+int run(int argc, char** argv);
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Under mpirun every rank starts here with the same arguments: rank 0 runs the command, the
+  // others follow its engine (engine/cluster.h) and exit with its status.
+  std::unique_ptr<Cluster> cluster;
+  try {
+    cluster = std::make_unique<Cluster>(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dsv4: error: %s\n", e.what());
+    return 1;
+  }
+  if (!cluster->argument_mismatch().empty()) {
+    if (cluster->leader()) std::fprintf(stderr, "dsv4: error: %s\n", cluster->argument_mismatch().c_str());
+    return 2;
+  }
+  if (!cluster->leader()) return cluster->follow();
+  const int status = run(argc, argv);
+  cluster->finish(status);
+  return status;
+}
+
+namespace {
+
+int run(int argc, char** argv) {
   // Per-step buffers outside the forward's arena (logits, attention scratch) would otherwise be
   // fresh mmaps, zeroed by the kernel on every decode step; keep them in the reusable heap.
   // 32 MiB is the largest threshold glibc accepts (a larger value is ignored).
@@ -199,3 +232,5 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+}  // namespace

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
+#include <map>
 #include <cstdio>
 #include <set>
 #include <sys/stat.h>
@@ -9,9 +11,12 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/sysmem.h"
 #include "core/threads.h"
+#include "engine/lockstep.h"
 #include "io/safetensors.h"
 #include "model/forward.h"
 #include "model/weights.h"
+#include "parallel/comm.h"
+#include "parallel/partition.h"
 
 #ifdef DSV4_HAVE_CUDA
 #include "backends/cuda/cuda_backend.h"
@@ -48,7 +53,14 @@ struct Sequence::Impl {
   int64_t max_positions = 0;
   std::shared_ptr<Engine::Budget> budget;  // set once the reservation below is taken
   int64_t reserved = 0;
+  uint64_t id = 0;                       // parallel runs: the name the followers know it by
+  std::shared_ptr<Lockstep> lockstep;    // parallel runs: the leader tells the followers it is gone
   ~Impl() {
+    if (lockstep && lockstep->leader && lockstep->open) {
+      Msg m(Cmd::DropSeq);
+      m.put(id);
+      lockstep->send(m);
+    }
     if (budget) {
       budget->reserved -= reserved;
       budget->sequences -= 1;
@@ -83,6 +95,15 @@ struct Snapshot::Impl {
   int64_t confirmed = 0;
   std::vector<float> hidden_ring;
   int64_t max_positions = 0;
+  uint64_t id = 0;
+  std::shared_ptr<Lockstep> lockstep;
+  ~Impl() {
+    if (lockstep && lockstep->leader && lockstep->open) {
+      Msg m(Cmd::DropSnap);
+      m.put(id);
+      lockstep->send(m);
+    }
+  }
 };
 
 Snapshot::Snapshot() = default;
@@ -114,6 +135,12 @@ Device parse_device(const std::string& s) {
   throw Error("device must be cpu or cuda, got '" + s + "'");
 }
 
+Parallel parse_parallel(const std::string& s) {
+  if (s == "none") return Parallel::None;
+  if (s == "ep") return Parallel::Ep;
+  throw Error("--parallel must be none or ep, got '" + s + "'" + (s == "tp" || s == "ep+tp" ? " (tp is not built yet)" : ""));
+}
+
 bool device_usable(Device d, std::string* why) {
   if (d == Device::Cpu) return true;
 #ifdef DSV4_HAVE_CUDA
@@ -134,8 +161,62 @@ static LoadMode to_load_mode(WeightLoad w) {
 Engine::Engine(const EngineOptions& o) {
   std::string why;
   if (!device_usable(o.device, &why)) throw Error("--device cuda: " + why, ErrorKind::Unsupported);
-  set_threads(o.threads);
-  ModelWeights w = load_model(o.model_dir, to_load_mode(o.load));
+  if (o.memory_budget < 0 && o.memory_budget != kAutoMemoryBudget)
+    throw Error("memory budget must be >= 0 bytes (or automatic), got " + std::to_string(o.memory_budget));
+  parallel::Comm* comm = parallel::world();
+  const int world = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+  if (world > 1) {
+    if (o.parallel == Parallel::None)
+      throw Error("started by mpirun with " + std::to_string(world) + " processes but without --parallel (give --parallel ep)",
+                  ErrorKind::Unsupported);
+    if (o.device != Device::Cpu) throw Error("--parallel runs on the CPU backend only", ErrorKind::Unsupported);
+    lockstep_ = std::make_shared<Lockstep>();
+    lockstep_->comm = comm;
+    lockstep_->leader = rank == 0;
+    if (rank == 0) {
+      Msg m = options_msg(o);
+      lockstep_->send(m);
+    }
+  }
+  const ExpertSplit split{rank, world, 0};
+  // Every rank loads its share; then the ranks agree that all of them could, on the same
+  // checkpoint, before any of them goes on (a rank that failed alone would leave the others
+  // waiting in the first collective).
+  ModelWeights w;
+  std::exception_ptr failed;
+  try {
+    set_threads(o.threads);
+    w = load_model(o.model_dir, to_load_mode(o.load), split);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  if (world > 1) {
+    std::string mine = "ok ";
+    if (failed) {
+      try {
+        std::rethrow_exception(failed);
+      } catch (const std::exception& e) {
+        mine = std::string("error ") + e.what();
+      }
+    } else {
+      double bytes = 0;
+      for (const auto& f : w.store.files())
+        for (const auto& [name, t] : f->tensors()) bytes += static_cast<double>(t.nbytes);
+      const ModelConfig& c = w.cfg;
+      mine += "vocab " + std::to_string(c.vocab) + ", dim " + std::to_string(c.dim) + ", layers " + std::to_string(c.n_layers) +
+              ", experts " + std::to_string(c.n_experts) + ", " + std::to_string(static_cast<int64_t>(bytes)) + " tensor bytes";
+    }
+    const std::vector<std::string> all = comm->allgather(mine);
+    if (failed) std::rethrow_exception(failed);
+    for (int r = 0; r < world; ++r) {
+      if (all[r].rfind("error ", 0) == 0) throw Error("rank " + std::to_string(r) + ": " + all[r].substr(6));
+      if (all[r] != all[0])
+        throw Error("rank " + std::to_string(r) + " loaded a different checkpoint than rank 0 (" + all[r].substr(3) + " vs " +
+                    all[0].substr(3) + ")");
+    }
+  } else if (failed) {
+    std::rethrow_exception(failed);
+  }
   const ModelConfig& c = w.cfg;
   const int64_t ctx = o.context > 0 ? o.context : (c.max_positions > 0 ? c.max_positions : (int64_t{1} << 40));
   info_.dir = o.model_dir;
@@ -151,11 +232,15 @@ Engine::Engine(const EngineOptions& o) {
   info_.eos = c.eos;
   info_.has_mtp = w.mtp.has_value();
   info_.hidden_size = c.hc * c.dim;
+  info_.world = world;
+  info_.rank = rank;
+  info_.parallel = o.parallel == Parallel::Ep ? "ep" : "none";
   for (const auto& f : w.store.files())
     for (const auto& [name, t] : f->tensors()) info_.weight_bytes += static_cast<double>(t.nbytes);
   if (o.device == Device::Cpu) {
     info_.device = "cpu";
     model_ = std::make_unique<Model>(std::move(w), make_cpu_backend);
+    if (world > 1) model_->set_shard({ExpertSplit{rank, world, c.n_experts}, comm});
   } else {
 #ifdef DSV4_HAVE_CUDA
     info_.device = "cuda";
@@ -166,22 +251,31 @@ Engine::Engine(const EngineOptions& o) {
 #endif
   }
   std::string tok = o.tokenizer;
-  if (tok.empty()) {
+  if (tok.empty() && rank == 0) {
     struct stat sb;
     const std::string p = o.model_dir + "/tokenizer.json";
     if (::stat(p.c_str(), &sb) == 0) tok = p;
   }
-  if (!tok.empty()) tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(tok));
+  // The followers need no tokenizer (rank 0 owns the text). A failure here leaves the followers
+  // holding an engine: they are told it ended.
+  try {
+    if (!tok.empty() && rank == 0) tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(tok));
+  } catch (...) {
+    if (lockstep_ && lockstep_->leader) {
+      Msg m(Cmd::EndEngine);
+      lockstep_->send(m);
+    }
+    throw;
+  }
   budget_ = std::make_shared<Budget>();
   if (o.memory_budget == kAutoMemoryBudget) {
     budget_->limit = static_cast<int64_t>(static_cast<double>(available_memory_bytes()) * 0.9);
     if (budget_->limit <= 0) budget_->limit = 0;  // unknown: no limit
-  } else if (o.memory_budget < 0) {
-    throw Error("memory budget must be >= 0 bytes (or automatic), got " + std::to_string(o.memory_budget));
   } else {
     budget_->limit = o.memory_budget;
   }
   if (o.device != Device::Cpu) budget_->limit = 0;  // device caches are sized at load
+  if (lockstep_ && !lockstep_->leader) budget_->limit = 0;  // the leader decides every reservation
   info_.memory_budget = budget_->limit;
 }
 
@@ -223,7 +317,26 @@ void Engine::reserve(Sequence::Impl& q, int64_t max_positions, const char* what)
   budget_->sequences += 1;
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  if (lockstep_ && lockstep_->leader && lockstep_->open) {
+    Msg m(Cmd::EndEngine);
+    lockstep_->send(m);
+  }
+  if (lockstep_) lockstep_->open = false;
+}
+
+uint64_t Engine::announce(int cmd, uint64_t from, int64_t max_positions) {
+  if (!lockstep_) return 0;
+  const uint64_t id = lockstep_->next_id++;
+  if (lockstep_->leader) {
+    Msg m(static_cast<Cmd>(cmd));
+    m.put(id).put(from).put(max_positions);
+    lockstep_->send(m);
+  }
+  return id;
+}
+
+uint64_t Engine::bytes_sent() const { return lockstep_ ? lockstep_->comm->bytes_sent() : 0; }
 
 const Tokenizer& Engine::tokenizer() const {
   if (!tokenizer_) throw Error(info_.dir + " has no tokenizer.json (give one with --tokenizer)");
@@ -243,6 +356,15 @@ Sequence Engine::new_sequence(const SequenceOptions& o) {
   s.impl_->owner = this;
   s.impl_->mtp = o.mtp;
   reserve(*s.impl_, o.max_positions, "new sequence");
+  if (lockstep_) {
+    s.impl_->id = lockstep_->next_id++;
+    if (lockstep_->leader) {
+      Msg m(Cmd::NewSeq);
+      m.put(s.impl_->id).put(o.mtp).put(o.max_positions);
+      lockstep_->send(m);
+    }
+    s.impl_->lockstep = lockstep_;
+  }
   s.impl_->st = model_->new_sequence();
   if (o.mtp) s.impl_->hidden_ring.assign(static_cast<size_t>(Sequence::Impl::kRingRows * info_.hidden_size), 0.0f);
   return s;
@@ -270,8 +392,11 @@ Sequence Engine::fork(const Sequence& src, int64_t max_positions) {
   auto probe = std::make_unique<Sequence::Impl>();
   probe->mtp = src.impl_->mtp;
   reserve(*probe, maxp, "fork");
+  const uint64_t id = announce(static_cast<int>(Cmd::Fork), src.impl_->id, max_positions);
   Sequence s;
   s.impl_ = copy_impl(this, *model_, *src.impl_);
+  s.impl_->id = id;
+  s.impl_->lockstep = lockstep_;
   std::swap(s.impl_->budget, probe->budget);
   std::swap(s.impl_->reserved, probe->reserved);
   s.impl_->max_positions = probe->max_positions;
@@ -281,6 +406,8 @@ Sequence Engine::fork(const Sequence& src, int64_t max_positions) {
 Snapshot Engine::snapshot(const Sequence& src) {
   check_seq(src, "snapshot");
   auto impl = std::make_shared<Snapshot::Impl>();
+  impl->id = announce(static_cast<int>(Cmd::Snapshot), src.impl_->id, 0);
+  impl->lockstep = lockstep_;
   impl->owner = this;
   impl->st = model_->fork(src.impl_->st);
   impl->tokens = src.impl_->tokens;
@@ -303,8 +430,11 @@ Sequence Engine::restore(const Snapshot& snap, int64_t max_positions) {
   auto probe = std::make_unique<Sequence::Impl>();
   probe->mtp = snap.impl_->mtp;
   reserve(*probe, maxp, "restore");
+  const uint64_t id = announce(static_cast<int>(Cmd::Restore), snap.impl_->id, max_positions);
   Sequence s;
   s.impl_ = copy_impl(this, *model_, *snap.impl_);
+  s.impl_->id = id;
+  s.impl_->lockstep = lockstep_;
   std::swap(s.impl_->budget, probe->budget);
   std::swap(s.impl_->reserved, probe->reserved);
   s.impl_->max_positions = probe->max_positions;
@@ -317,6 +447,24 @@ void Engine::truncate(Sequence& s, int64_t pos) {
   SequenceState& st = q.st;
   if (pos < 0 || pos > st.pos)
     throw Error("truncate: position " + std::to_string(pos) + " outside [0, " + std::to_string(st.pos) + "]");
+  if (lockstep_ && lockstep_->leader) {
+    Msg m(Cmd::Truncate);
+    m.put(q.id).put(pos);
+    lockstep_->send(m);
+  }
+  if (lockstep_) {
+    try {
+      return truncate_checked(s, pos);
+    } catch (const std::exception& e) {
+      lockstep_fatal(lockstep_->comm, e.what());
+    }
+  }
+  truncate_checked(s, pos);
+}
+
+void Engine::truncate_checked(Sequence& s, int64_t pos) {
+  Sequence::Impl& q = *s.impl_;
+  SequenceState& st = q.st;
   // MTP position t read the main token t+1: positions >= pos - 1 go with the main tokens >= pos.
   const int64_t mtp = q.mtp ? std::min(q.confirmed, std::max<int64_t>(pos - 1, 0)) : 0;
   if (st.pos - pos > kCheapRewind || (q.mtp && st.mtp_pos - mtp > kCheapRewind)) return rebuild(s, pos);
@@ -372,8 +520,18 @@ void Engine::validate(const std::vector<StepRequest>& reqs) const {
 std::vector<StepResult> Engine::step(const std::vector<StepRequest>& reqs) {
   validate(reqs);  // every check before any state changes (the exception-safety rule in engine.h)
   std::vector<StepResult> out(reqs.size());
+  if (lockstep_ && lockstep_->leader) {
+    Msg m(Cmd::Step);
+    m.put<uint64_t>(reqs.size());
+    for (const StepRequest& r : reqs) m.put(r.seq->impl_->id).put_vec(r.tokens).put(r.logits).put(r.hidden).put(r.mtp_logits);
+    lockstep_->send(m);
+  }
   try {
     run_step(reqs, out);
+  } catch (const std::exception& e) {
+    if (lockstep_) lockstep_fatal(lockstep_->comm, e.what());
+    for (const StepRequest& r : reqs) r.seq->impl_->broken = true;
+    throw;
   } catch (...) {
     for (const StepRequest& r : reqs) r.seq->impl_->broken = true;
     throw;
@@ -465,6 +623,12 @@ std::vector<std::vector<int32_t>> Engine::draft(const std::vector<DraftRequest>&
   std::vector<std::vector<int32_t>> out(reqs.size());
   std::vector<std::vector<float>> h(reqs.size()), hn(reqs.size()), lg(reqs.size());
   std::vector<int32_t> tok(reqs.size());
+  if (lockstep_ && lockstep_->leader) {
+    Msg m(Cmd::Draft);
+    m.put<uint64_t>(reqs.size());
+    for (const DraftRequest& r : reqs) m.put(r.seq->impl_->id).put(r.next).put(r.n);
+    lockstep_->send(m);
+  }
   try {
     for (size_t i = 0; i < reqs.size(); ++i) {
       Sequence::Impl& q = *reqs[i].seq->impl_;
@@ -492,11 +656,104 @@ std::vector<std::vector<int32_t>> Engine::draft(const std::vector<DraftRequest>&
         std::swap(h[i], hn[i]);  // the next draft position reads this one's output state
       }
     }
+  } catch (const std::exception& e) {
+    if (lockstep_) lockstep_fatal(lockstep_->comm, e.what());
+    for (const DraftRequest& r : reqs) r.seq->impl_->broken = true;
+    throw;
   } catch (...) {
     for (const DraftRequest& r : reqs) r.seq->impl_->broken = true;
     throw;
   }
   return out;
+}
+
+// The follower's side of every request Engine's public calls send (engine/engine.cpp): the same
+// call on this rank's copy of the sequence, which gets the same id as the leader's.
+void Engine::follow() {
+  std::map<uint64_t, Sequence> seqs;
+  std::map<uint64_t, Snapshot> snaps;
+  auto seq = [&](uint64_t id) -> Sequence& {
+    auto it = seqs.find(id);
+    if (it == seqs.end()) throw Error("lockstep: no sequence " + std::to_string(id));
+    return it->second;
+  };
+  auto same_id = [&](uint64_t mine, uint64_t theirs) {
+    if (mine != theirs) throw Error("lockstep: sequence ids diverged (" + std::to_string(mine) + " vs " + std::to_string(theirs) + ")");
+  };
+  for (;;) {
+    Msg m = lockstep_->receive();
+    const Cmd cmd = m.cmd();
+    try {
+      switch (cmd) {
+        case Cmd::EndEngine: lockstep_->open = false; return;
+        case Cmd::NewSeq: {
+          const uint64_t id = m.get<uint64_t>();
+          SequenceOptions so;
+          so.mtp = m.get<bool>();
+          so.max_positions = m.get<int64_t>();
+          Sequence s = new_sequence(so);
+          same_id(s.impl_->id, id);
+          seqs.emplace(id, std::move(s));
+          break;
+        }
+        case Cmd::Fork:
+        case Cmd::Restore:
+        case Cmd::Snapshot: {
+          const uint64_t id = m.get<uint64_t>(), from = m.get<uint64_t>();
+          const int64_t maxp = m.get<int64_t>();
+          if (cmd == Cmd::Snapshot) {
+            Snapshot sn = snapshot(seq(from));
+            same_id(sn.impl_->id, id);
+            snaps.emplace(id, std::move(sn));
+            break;
+          }
+          Sequence s;
+          if (cmd == Cmd::Fork) {
+            s = fork(seq(from), maxp);
+          } else {
+            auto it = snaps.find(from);
+            if (it == snaps.end()) throw Error("lockstep: no snapshot " + std::to_string(from));
+            s = restore(it->second, maxp);
+          }
+          same_id(s.impl_->id, id);
+          seqs.emplace(id, std::move(s));
+          break;
+        }
+        case Cmd::DropSeq: seqs.erase(m.get<uint64_t>()); break;
+        case Cmd::DropSnap: snaps.erase(m.get<uint64_t>()); break;
+        case Cmd::Truncate: {
+          const uint64_t id = m.get<uint64_t>();
+          truncate(seq(id), m.get<int64_t>());
+          break;
+        }
+        case Cmd::Step: {
+          std::vector<StepRequest> reqs(m.get<uint64_t>());
+          for (StepRequest& r : reqs) {
+            r.seq = &seq(m.get<uint64_t>());
+            r.tokens = m.get_vec<int32_t>();
+            r.logits = m.get<Rows>();
+            r.hidden = m.get<bool>();
+            r.mtp_logits = m.get<bool>();
+          }
+          step(reqs);
+          break;
+        }
+        case Cmd::Draft: {
+          std::vector<DraftRequest> reqs(m.get<uint64_t>());
+          for (DraftRequest& r : reqs) {
+            r.seq = &seq(m.get<uint64_t>());
+            r.next = m.get<int32_t>();
+            r.n = m.get<int64_t>();
+          }
+          draft(reqs);
+          break;
+        }
+        default: throw Error("lockstep: request " + std::to_string(static_cast<int>(cmd)) + " inside an engine");
+      }
+    } catch (const std::exception& e) {
+      lockstep_fatal(lockstep_->comm, e.what());
+    }
+  }
 }
 
 }  // namespace dsv4

@@ -39,6 +39,9 @@ enum class Device { Cpu, Cuda };
 // How checkpoint bytes get into memory: Auto reads them into anonymous memory when they take at
 // most half of the available memory, else maps the files.
 enum class WeightLoad { Auto, Mmap, Read };
+// Multi-process runs (mpirun -np N; docs/parallel.md): None = one process; Ep = the routed
+// experts split by id across the ranks, everything else replicated.
+enum class Parallel { None, Ep };
 
 struct EngineOptions {
   std::string model_dir;
@@ -51,6 +54,10 @@ struct EngineOptions {
   // 0 = no limit, kAutoMemoryBudget = 90% of the memory available once the weights are loaded.
   // Applies to the CPU backend's host caches (the CUDA backend sizes its device caches at load).
   int64_t memory_budget = 0;
+  // Under mpirun with more than one process: how the ranks split the model. Rank 0's Engine
+  // drives; the other ranks' Engines follow it (engine/cluster.h) and must be given the same
+  // options. None under mpirun with N > 1 is an error.
+  Parallel parallel = Parallel::None;
 };
 
 constexpr int64_t kAutoMemoryBudget = -1;
@@ -64,6 +71,8 @@ struct ModelInfo {
   bool has_mtp = false;
   int64_t hidden_size = 0;    // floats in one row of final hidden state (hc * dim)
   double weight_bytes = 0;    // bytes of the checkpoint's tensors
+  int world = 1, rank = 0;    // processes of a parallel run and this one's rank
+  std::string parallel;       // "none" | "ep"
   int64_t memory_budget = 0;  // bytes the sequences' caches may reserve together (0 = no limit)
 };
 
@@ -72,6 +81,8 @@ struct ModelInfo {
 constexpr int64_t kCheapRewind = 16;
 
 class Engine;
+class Cluster;
+struct Lockstep;
 
 // A sequence's state. Move-only; belongs to the Engine that made it and must not outlive it.
 class Sequence {
@@ -187,21 +198,33 @@ class Engine {
 
   struct Budget;  // opaque (engine/engine.cpp)
 
+  // Bytes this process has sent to the other ranks of a parallel run so far (0 alone).
+  uint64_t bytes_sent() const;
+
  private:
+  friend class Cluster;
+  // A follower rank: runs the leader's requests until its engine ends (engine/cluster.cpp).
+  void follow();
   void check_seq(const Sequence& s, const char* what) const;
   void validate(const std::vector<StepRequest>& reqs) const;
   void run_step(const std::vector<StepRequest>& reqs, std::vector<StepResult>& out);
   void rebuild(Sequence& s, int64_t pos);
+  void truncate_checked(Sequence& s, int64_t pos);
+  // Parallel runs: the id of a sequence or snapshot made from `from` (the leader first tells the
+  // followers to make the same); 0 alone.
+  uint64_t announce(int cmd, uint64_t from, int64_t max_positions);
   void reserve(Sequence::Impl& q, int64_t max_positions, const char* what);
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   ModelInfo info_;
   std::shared_ptr<Budget> budget_;
+  std::shared_ptr<Lockstep> lockstep_;  // parallel runs
 };
 
 WeightLoad parse_weight_load(const std::string& s);  // "auto" | "mmap" | "read"; throws Error
 Device parse_device(const std::string& s);           // "cpu" | "cuda"; throws Error
+Parallel parse_parallel(const std::string& s);       // "none" | "ep"; throws Error
 // Whether this build can run on `d` here; when not, `why` says why.
 bool device_usable(Device d, std::string* why);
 

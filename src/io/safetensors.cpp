@@ -439,9 +439,65 @@ std::unique_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::string& path, 
 
 SafeTensorsFile::~SafeTensorsFile() {
   if (map_) ::munmap(map_, size_);
+  if (copy_) ::munmap(copy_, copy_size_);
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~size_t{63}; }
+
+size_t SafeTensorsFile::bytes_of(const std::function<bool(const std::string&)>& keep) const {
+  size_t n = 0;
+  for (const auto& [name, t] : tensors_)
+    if (keep(name)) n += t.nbytes;
+  return n;
+}
+
+void SafeTensorsFile::read_subset(const std::function<bool(const std::string&)>& keep) {
+  DSV4_CHECK(copy_ == nullptr);
+  size_t total = 0;
+  for (const auto& [name, t] : tensors_)
+    if (keep(name)) total += align64(t.nbytes);
+  if (total == 0) return;
+  void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) fail(path_, "cannot allocate " + std::to_string(total) + " bytes: " + std::strerror(errno));
+  copy_ = mem;
+  copy_size_ = total;
+  ::madvise(mem, total, MADV_HUGEPAGE);  // advice only: fine if THP is off
+  FdGuard fd{::open(path_.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (fd.fd < 0) fail(path_, std::string("cannot open: ") + std::strerror(errno));
+  char* at = static_cast<char*>(mem);
+  for (auto& [name, t] : tensors_) {
+    if (!keep(name)) continue;
+    const size_t off0 = static_cast<size_t>(t.data - static_cast<const uint8_t*>(map_));
+    for (size_t off = 0; off < t.nbytes;) {
+      const ssize_t k = ::pread(fd.fd, at + off, std::min<size_t>(t.nbytes - off, size_t{1} << 26), static_cast<off_t>(off0 + off));
+      if (k <= 0) fail(path_, "read failed at byte " + std::to_string(off0 + off) + ": " + (k == 0 ? "unexpected end of file" : std::strerror(errno)));
+      off += static_cast<size_t>(k);
+    }
+    t.data = reinterpret_cast<const uint8_t*>(at);
+    at += align64(t.nbytes);
+  }
+  ::mprotect(mem, total, PROT_READ);
 }
 
 // ---- TensorStore ------------------------------------------------------------------------
+
+TensorStore TensorStore::open_dir(const std::string& dir, LoadMode mode, const std::function<bool(const std::string&)>& keep) {
+  if (!keep) return open_dir(dir, mode);
+  // Index every file through a mapping, then decide on the bytes needed, not the files' size.
+  TensorStore store = open_dir(dir, LoadMode::Mmap);
+  uint64_t total = 0;
+  for (const auto& f : store.files_) total += f->bytes_of(keep);
+  const uint64_t avail = available_memory_bytes();
+  if (mode == LoadMode::Auto) mode = avail > 0 && total <= avail / 2 ? LoadMode::Read : LoadMode::Mmap;
+  if (mode == LoadMode::Read && avail > 0 && total > avail)
+    throw Error(dir + ": --load read needs " + fmt_gb(total) + " of memory for this process's weights but " + fmt_gb(avail) +
+                    " are available (use --load mmap)",
+                ErrorKind::ResourceExhausted);
+  store.mode_ = mode;
+  if (mode == LoadMode::Read)
+    for (auto& f : store.files_) f->read_subset(keep);
+  return store;
+}
 
 TensorStore TensorStore::open_dir(const std::string& dir, LoadMode mode) {
   TensorStore store;

@@ -2,6 +2,7 @@
 // safetensors reading (mmap, strict validation) and writing (single file or sharded with
 // model.safetensors.index.json). Every error names the file and, where there is one, the tensor.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,12 +56,19 @@ class SafeTensorsFile {
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   size_t file_size() const { return size_; }
+  // For a mapped file: reads the tensors `keep` names into anonymous memory (huge pages
+  // advised) and points them there; the others stay mapped and, never touched, take no memory.
+  // A process that holds only part of the model (docs/parallel.md) reads only that part.
+  void read_subset(const std::function<bool(const std::string&)>& keep);
+  size_t bytes_of(const std::function<bool(const std::string&)>& keep) const;
 
  private:
   SafeTensorsFile() = default;
   std::string path_;
   void* map_ = nullptr;
   size_t size_ = 0;
+  void* copy_ = nullptr;  // read_subset's memory
+  size_t copy_size_ = 0;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
 };
@@ -74,6 +82,9 @@ class TensorStore {
   // Auto is resolved here (load_mode() tells the outcome). Reading more than 1 GiB prints one
   // progress line to stderr.
   static TensorStore open_dir(const std::string& dir, LoadMode mode = LoadMode::Mmap);  // throws dsv4::Error
+  // Only the tensors `keep` names are needed (the others are never read): Read and Auto count
+  // and read only those bytes; every tensor is still indexed and validated.
+  static TensorStore open_dir(const std::string& dir, LoadMode mode, const std::function<bool(const std::string&)>& keep);
   TensorStore() = default;
   TensorStore(TensorStore&&) = default;
   TensorStore& operator=(TensorStore&&) = default;

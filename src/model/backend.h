@@ -153,7 +153,7 @@ struct Swiglu {
 // temporaries alive at once.
 enum class Tmp {
   Qr, Q, Kv, CompA, CompG, IndexA, IndexG, IndexQ, IndexW, Sel, SelN, O, Z,  // attention
-  GateLogits, ExpertIn, ExpertGate, ExpertUp, ExpertOut,                    // MoE
+  GateLogits, ExpertIn, ExpertGate, ExpertUp, ExpertOut, ExpertAll,         // MoE
 };
 
 class Backend {

@@ -65,7 +65,7 @@ void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
 
     be.hc_pre(l, Sub::Ffn, s);
     be.rmsnorm(s, {s.x, s.T, c.dim, &L.ffn_norm, c.eps});
-    moe_layer(be, c, L, s);
+    moe_layer(be, c, L, s, shard());
     be.hc_post(s);
   }
   for (const SeqInput& si : in) (stack == Stack::Main ? si.st->pos : si.st->mtp_pos) += si.n;

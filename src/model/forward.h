@@ -9,6 +9,7 @@
 
 #include "kv/state.h"
 #include "model/backend.h"
+#include "model/layers.h"
 #include "model/rows.h"
 #include "model/weights.h"
 
@@ -39,6 +40,11 @@ class Model {
   bool has_mtp() const { return w_->mtp.has_value(); }
   int64_t hidden_size() const { return w_->cfg.hc * w_->cfg.dim; }
 
+  // Expert parallelism: this process holds only shard.split's experts (the loader bound only
+  // those) and every MoE layer exchanges expert outputs through shard.comm.
+  void set_shard(const MoeShard& shard) { shard_ = shard; }
+  const MoeShard* shard() const { return shard_.comm ? &shard_ : nullptr; }
+
   SequenceState new_sequence() const { return backend_->new_sequence(); }
   SequenceState fork(const SequenceState& st) const { return backend_->fork(st); }
   void truncate(SequenceState& st, int64_t pos, Stack stack) const { backend_->truncate(st, pos, stack); }
@@ -54,6 +60,7 @@ class Model {
 
   std::unique_ptr<ModelWeights> w_;  // a fixed address for the backend's references
   std::unique_ptr<Backend> backend_;
+  MoeShard shard_;
 };
 
 }  // namespace dsv4

@@ -6,6 +6,11 @@
 #include "io/config.h"
 #include "model/backend.h"
 #include "model/weights.h"
+#include "parallel/partition.h"
+
+namespace dsv4::parallel {
+class Comm;
+}
 
 namespace dsv4 {
 
@@ -13,7 +18,14 @@ namespace dsv4 {
 // sequence's rows into its caches of layer l.
 void attention_layer(Backend& be, const ModelConfig& c, int64_t l, const LayerW& L, Backend::Step& s);
 
+// This process's share of the routed experts in an expert-parallel run (docs/parallel.md).
+struct MoeShard {
+  ExpertSplit split;
+  parallel::Comm* comm = nullptr;
+};
+
 // s.f = MoE(s.x) (routed experts + shared expert) over all rows; hash layers route by the tokens.
-void moe_layer(Backend& be, const ModelConfig& c, const LayerW& L, Backend::Step& s);
+// With a shard: this rank runs its experts and the others' outputs come through shard->comm.
+void moe_layer(Backend& be, const ModelConfig& c, const LayerW& L, Backend::Step& s, const MoeShard* shard = nullptr);
 
 }  // namespace dsv4

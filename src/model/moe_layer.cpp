@@ -6,15 +6,17 @@
 #include "core/arena.h"
 #include "core/error.h"
 #include "model/layers.h"
+#include "parallel/comm.h"
 
 namespace dsv4 {
 
 namespace {
 
-// One expert's clamped SwiGLU FFN added into s.f: over the rows listed (n of them, each scaled
-// by its routing weight), or over every row (rows null: the shared expert, weight 1).
+// One expert's clamped SwiGLU FFN: over the rows listed (n of them, each scaled by its routing
+// weight), or over every row (rows null: the shared expert, weight 1). The output rows go into
+// `out` when given (expert parallelism: combined later), else they are added into s.f.
 void run_expert(Backend& be, const ModelConfig& c, const ExpertW& w, Backend::Step& s, const int32_t* rows,
-                const float* weights, int64_t n) {
+                const float* weights, int64_t n, float* out = nullptr) {
   const int64_t D = c.dim, I = c.moe_inter;
   Arena::Scope scope(thread_arena());
   const float* in = s.x;
@@ -25,11 +27,12 @@ void run_expert(Backend& be, const ModelConfig& c, const ExpertW& w, Backend::St
   }
   float* g = be.tmp(s, Tmp::ExpertGate, n * I);
   float* u = be.tmp(s, Tmp::ExpertUp, n * I);
-  float* y = be.tmp(s, Tmp::ExpertOut, n * D);
+  float* y = out ? out : be.tmp(s, Tmp::ExpertOut, n * D);
   be.matmul(s, {&w.w1, in, n, g});
   be.matmul(s, {&w.w3, in, n, u});
   be.swiglu(s, {g, u, n, I, static_cast<float>(c.swiglu_limit), weights});
   be.matmul(s, {&w.w2, g, n, y});
+  if (out) return;
   if (rows) {
     be.scatter_add(s, y, rows, n, D, s.f);
   } else {
@@ -39,7 +42,7 @@ void run_expert(Backend& be, const ModelConfig& c, const ExpertW& w, Backend::St
 
 }  // namespace
 
-void moe_layer(Backend& be, const ModelConfig& c, const LayerW& L, Backend::Step& s) {
+void moe_layer(Backend& be, const ModelConfig& c, const LayerW& L, Backend::Step& s, const MoeShard* shard) {
   const MoEW& F = L.ffn;
   const int64_t T = s.T, E = c.n_experts, k = c.n_active, Tk = T * k;
 
@@ -72,9 +75,32 @@ void moe_layer(Backend& be, const ModelConfig& c, const LayerW& L, Backend::Step
   // Experts in ascending id, then the shared expert, each adding into f: per output the same
   // sequence of float additions on every backend and in every batch.
   be.zero_f(s);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = first[e + 1] - first[e];
-    if (n > 0) run_expert(be, c, F.experts[e], s, lists.rows + first[e], lists.weights + first[e], n);
+  if (!shard || !shard->split.active()) {
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t n = first[e + 1] - first[e];
+      if (n > 0) run_expert(be, c, F.experts[e], s, lists.rows + first[e], lists.weights + first[e], n);
+    }
+  } else {
+    // Expert parallelism (docs/parallel.md): this rank runs its experts into their block of
+    // the expert-ordered rows Y (each expert's output rows computed whole, as one process
+    // would), the allgather brings every rank's block, and every rank adds all experts into f
+    // in ascending id with the same scatter_add as above: the same additions in the same order.
+    const ExpertSplit& sp = shard->split;
+    float* Y = be.tmp(s, Tmp::ExpertAll, Tk * c.dim);
+    for (int64_t e = sp.begin(); e < sp.end(); ++e) {
+      const int64_t n = first[e + 1] - first[e];
+      if (n > 0) run_expert(be, c, F.experts[e], s, lists.rows + first[e], lists.weights + first[e], n, Y + first[e] * c.dim);
+    }
+    std::vector<int64_t> count(static_cast<size_t>(sp.world)), displ(static_cast<size_t>(sp.world));
+    for (int r = 0; r < sp.world; ++r) {
+      displ[r] = first[sp.first(r)];
+      count[r] = first[sp.first(r + 1)] - displ[r];
+    }
+    shard->comm->allgather_rows(Y, c.dim, count, displ);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t n = first[e + 1] - first[e];
+      if (n > 0) be.scatter_add(s, Y + first[e] * c.dim, lists.rows + first[e], n, c.dim, s.f);
+    }
   }
   run_expert(be, c, F.shared, s, nullptr, nullptr, T);
 }

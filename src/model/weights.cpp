@@ -164,6 +164,7 @@ std::string ModelWeights::format_summary() const {
   // encode the MTP block's experts differently).
   std::set<std::string> linears, experts, mtp_experts;
   for_each_tensor(*this, [&](const TensorDesc& t, TensorTarget<true> x) {
+    if (x.linear && x.linear->rows == 0) return;  // a routed expert another rank holds
     if (t.stored == Stored::DenseLinear && !t.mtp) linears.insert(wformat_name(x.linear->fmt));
     if (t.stored == Stored::ExpertLinear) (t.mtp ? mtp_experts : experts).insert(wformat_name(x.linear->fmt));
   });
@@ -172,18 +173,42 @@ std::string ModelWeights::format_summary() const {
   return s;
 }
 
-ModelWeights load_model(const std::string& dir, LoadMode mode) {
+// The routed expert a checkpoint tensor belongs to ("...experts.<id>.<...>" in every layout;
+// the shared expert is "shared_experts."), or -1.
+static int64_t routed_expert_of(const std::string& name) {
+  const size_t at = name.find(".experts.");
+  if (at == std::string::npos) return -1;
+  int64_t e = 0;
+  size_t i = at + 9;
+  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) e = e * 10 + (name[i] - '0');
+  return i < name.size() && name[i] == '.' ? e : -1;
+}
+
+ModelWeights load_model(const std::string& dir, LoadMode mode) { return load_model(dir, mode, ExpertSplit{}); }
+
+ModelWeights load_model(const std::string& dir, LoadMode mode, const ExpertSplit& split) {
   ModelWeights m;
   m.dir = dir;
   const std::string cfg_path = (std::filesystem::path(dir) / "config.json").string();
   if (!std::filesystem::exists(cfg_path)) throw Error(dir + ": no config.json (is this a model directory?)");
   m.cfg = load_config(cfg_path);
-  m.store = TensorStore::open_dir(dir, mode);
+  if (split.active()) {
+    ExpertSplit sp = split;
+    sp.experts = m.cfg.n_experts;
+    m.store = TensorStore::open_dir(dir, mode, [sp](const std::string& name) {
+      const int64_t e = routed_expert_of(name);
+      return e < 0 || sp.owns(e);
+    });
+  } else {
+    m.store = TensorStore::open_dir(dir, mode);
+  }
   m.layout = m.store.has("model.embed_tokens.weight") ? Layout::HF : Layout::Native;
   Binder b(m.store, m.layout);
   // The list gives each tensor's name, shape and kind; the binder finds it in the checkpoint,
   // checks it and converts the small ones.
   for_each_tensor(m, [&](const TensorDesc& t, TensorTarget<false> x) {
+    if (split.active() && t.expert >= 0 && !ExpertSplit{split.rank, split.world, m.cfg.n_experts}.owns(t.expert)) return;
     switch (t.kind()) {
       case TensorKind::Linear: *x.linear = b.linear(t.base(), t.shape[0], t.shape[1]); break;
       case TensorKind::Floats: *x.floats = b.floats(t.name, t.shape); break;

@@ -12,6 +12,7 @@
 #include "io/config.h"
 #include "io/names.h"
 #include "io/safetensors.h"
+#include "parallel/partition.h"
 
 namespace dsv4 {
 
@@ -93,5 +94,8 @@ struct ModelWeights {
 // naming the missing tensor or the one whose dtype/shape disagrees with the config. `mode` says
 // how the checkpoint bytes get into memory (see LoadMode).
 ModelWeights load_model(const std::string& dir, LoadMode mode = LoadMode::Auto);
+// Expert parallelism: binds (and reads) only the routed experts `split` gives this rank; the
+// others stay empty QWeights (rows == 0) and their bytes are never touched.
+ModelWeights load_model(const std::string& dir, LoadMode mode, const ExpertSplit& split);
 
 }  // namespace dsv4

@@ -78,6 +78,7 @@ BenchResult run_bench(const BenchOptions& o) {
   eo.device = o.device;
   eo.threads = o.threads;
   eo.memory_budget = o.memory_budget;
+  eo.parallel = o.parallel;
   if (!cpu) eo.context = o.prompt_len + o.gen + 1;
   Engine engine(eo);
   const ModelInfo& info = engine.info();

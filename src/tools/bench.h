@@ -27,6 +27,7 @@ struct BenchOptions {
   // CPU: also time every matmul by weight format and shape (two clock reads per call).
   bool profile = false;
   int64_t memory_budget = 0;  // EngineOptions::memory_budget
+  Parallel parallel = Parallel::None;  // EngineOptions::parallel (mpirun)
 };
 
 // Time inside matmul for one weight format and shape (`--profile`).

@@ -3,11 +3,13 @@
 #include <cstdarg>
 #include <cstdio>
 #include <map>
+#include <vector>
 
 #include "io/safetensors.h"
 #include "kv/state.h"
 #include "model/tensors.h"
 #include "model/weights.h"
+#include "parallel/partition.h"
 
 namespace dsv4 {
 
@@ -16,7 +18,7 @@ namespace {
 #define P(...) (std::snprintf(buf, sizeof buf, __VA_ARGS__), out += buf)
 }  // namespace
 
-std::string inspect_model(const std::string& dir) {
+std::string inspect_model(const std::string& dir, int world) {
   std::string out;
   char buf[512];
   ModelWeights w = load_model(dir, LoadMode::Mmap);  // looks at headers only
@@ -66,6 +68,37 @@ std::string inspect_model(const std::string& dir) {
     P("  %-15s %7zu %14zu %7zu %14zu\n", part_name(static_cast<Part>(p)), m.tensors, m.bytes, t.tensors, t.bytes);
   }
   P("  %-15s %7s %14zu %7s %14zu\n", "total", "", held.main_bytes(), "", held.mtp_bytes());
+  if (world > 1) {
+    // Expert parallelism: the routed experts split by id, everything else on every rank.
+    const int64_t E = c.n_experts;
+    size_t replicated = 0;
+    std::vector<size_t> experts(static_cast<size_t>(E), 0);
+    for_each_tensor(w, [&](const TensorDesc& t, TensorTarget<true> x) {
+      const size_t b = x.linear ? x.linear->stored_bytes() : x.floats ? x.floats->size() * 4 : x.ids ? x.ids->size() * 4 : 0;
+      if (t.expert >= 0) experts[static_cast<size_t>(t.expert)] += b;
+      else replicated += b;
+    });
+    // Per decoded token, every MoE layer of the main model exchanges the token's k expert output
+    // rows (D floats each): rank r sends those of its experts to the other world - 1 ranks;
+    // expected with routing spread evenly over the experts. Rank 0 also broadcasts the step
+    // request (sequence id, token id: under 64 bytes).
+    const double row = static_cast<double>(c.dim) * 4.0;
+    P("--parallel ep over %d ranks (routed experts split by id; the rest, %.1f MiB, on every rank):\n", world,
+      static_cast<double>(replicated) / (1 << 20));
+    P("  %4s %11s %16s %22s\n", "rank", "experts", "resident bytes", "sent / decoded token");
+    for (int r = 0; r < world; ++r) {
+      const ExpertSplit sp{r, world, E};
+      size_t mine = 0;
+      for (int64_t e = sp.begin(); e < sp.end(); ++e) mine += experts[static_cast<size_t>(e)];
+      const double share = static_cast<double>(sp.end() - sp.begin()) / static_cast<double>(E);
+      const double sent = static_cast<double>(c.n_layers) * static_cast<double>(c.n_active) * share * row * (world - 1) + (r == 0 ? 64.0 * (world - 1) : 0.0);
+      char range[48];
+      std::snprintf(range, sizeof range, "%lld-%lld", (long long)sp.begin(), (long long)sp.end() - 1);
+      P("  %4d %11s %16zu %20.0f B\n", r, range, replicated + mine, sent);
+    }
+    P("  (one process: %zu bytes; the k expert output rows of one token over all MoE layers: %.0f B)\n", held.main_bytes() + held.mtp_bytes(),
+      static_cast<double>(c.n_layers) * static_cast<double>(c.n_active) * row);
+  }
   return out;
 }
 

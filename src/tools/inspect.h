@@ -5,6 +5,8 @@
 
 namespace dsv4 {
 
-std::string inspect_model(const std::string& dir);
+// world > 1: also how `--parallel ep` over `world` ranks splits the model (docs/parallel.md):
+// each rank's resident weight bytes and the bytes it sends per decoded token.
+std::string inspect_model(const std::string& dir, int world = 1);
 
 }  // namespace dsv4

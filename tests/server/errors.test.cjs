@@ -101,8 +101,11 @@ test('overload: a full queue answers 503 with Retry-After, no hang', async () =>
 });
 
 test('a cancelled stream frees its capacity within a step', async () => {
-  for (let i = 0; i < 100 && (await metric(srv.url, 'dsv4_running_sequences')) > 0; ++i)
-    await new Promise((r) => setTimeout(r, 50));
+  // The previous test's streams were aborted: wait until the scheduler has let go of them all
+  // (a queued one leaves the queue when its next keep-alive write fails).
+  const idle = async () => { const h = await (await fetch(srv.url + '/health')).json(); return h.running === 0 && h.queue_depth === 0; };
+  for (let i = 0; i < 200 && !(await idle()); ++i) await new Promise((r) => setTimeout(r, 50));
+  assert.ok(await idle(), 'idle before the test');
   const c = new AbortController();
   const s = await client.chat.completions.create(
     { model: 'demo', messages: [{ role: 'user', content: 'long story' }], max_tokens: 200, stream: true }, { signal: c.signal });

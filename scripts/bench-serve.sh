@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Serving benchmark (issue 13): starts dsv4 serve on MODEL, runs C concurrent greedy streams for
+# each C in LIST (bench/serve_bench.cjs: aggregate generated tok/s, TTFT, time per output token),
+# then `dsv4 bench --batch LIST` on the same model in the same run for the bytes a batched decode
+# step reads and the streaming-read bandwidth measured now (docs/perf.md "Serving").
+# Usage: scripts/bench-serve.sh MODEL_DIR [LIST=1,2,4,8,16] [GEN=32] [PROMPT_WORDS=64]
+# MODEL_DIR needs tokenizer.json (make-tiny --preset flash-proxy --tokenizer build/deps/tokenizer).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model=${1:?usage: $0 MODEL_DIR [LIST] [GEN] [PROMPT_WORDS]}
+list=${2:-1,2,4,8,16}
+gen=${3:-32}
+words=${4:-64}
+bin=build/dsv4
+max=$(tr ',' '\n' <<<"$list" | sort -n | tail -1)
+log=$(mktemp)
+grep -m1 'model name' /proc/cpuinfo | sed 's/.*: /cpu: /'
+"$bin" serve --model "$model" --port 0 --max-batch "$max" --quiet 2>"$log" &
+pid=$!
+trap 'kill $pid 2>/dev/null; rm -f "$log"' EXIT
+for _ in $(seq 600); do grep -q 'ready at' "$log" && break; kill -0 $pid 2>/dev/null || { cat "$log"; exit 1; }; sleep 0.5; done
+url=$(grep -o 'http://[^ ]*' "$log" | head -1 | sed 's#/v1$##')
+node bench/serve_bench.cjs "$url" "$list" "$gen" "$words"
+kill $pid; wait $pid 2>/dev/null || true
+echo "decode steps of the same batch sizes through the engine API (dsv4 bench, same run):"
+"$bin" bench --model "$model" --prompt-len "$words" --gen 8 --batch "$list" | sed -n '/batch/,$p'
