@@ -533,12 +533,14 @@ TEST(CompletionStream, GeneratedAndMutated) {
 }
 
 TEST(CompletionStream, LargeInputsAreLinear) {
-  // 1 MB in a string value, in a held typed value and in an unterminated invoke tag, fed in
-  // 4-byte pieces: no rescans from the start.
+  // 1 MB in a string value, in a held typed value, in an unterminated invoke tag (a name, or
+  // whitespace before it) and in reasoning and content, fed in 4-byte pieces: no rescans from the
+  // start.
   const std::string big(1 << 20, 'x');
   for (const std::string& text :
        {calls(invoke("a", param("s", true, big))), calls(invoke("a", param("t", false, "\"" + big + "\""))),
-        BLOCK + "<｜DSML｜invoke name=\"" + big, "R" + big + "</think>" + big}) {
+        BLOCK + "<｜DSML｜invoke name=\"" + big, BLOCK + "<｜DSML｜invoke" + std::string(1 << 20, ' '),
+        "R" + big + "</think>" + big}) {
     const auto t0 = std::chrono::steady_clock::now();
     CompletionStream s(ChatMode::Thinking);
     for (size_t at = 0; at < text.size(); at += 4) s.feed(std::string_view(text).substr(at, 4));

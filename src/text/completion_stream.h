@@ -133,6 +133,7 @@ class CompletionStream {
   std::string text_;  // everything fed (for well_formed)
   std::string buf_;   // fed and not yet decided
   size_t scan_from_ = 0;  // held states: positions of buf_ before this hold no tag (nor its start)
+  size_t header_ws_ = 0;  // InvokeHeader: the whitespace before `name="` ends here (or later)
   std::vector<CompletionEvent> out_;
   StreamedCompletion result_;
   bool refused_ = false;  // a call refused for its name
