@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,7 +14,9 @@
 #include "core/error.h"
 #include "text/chat.h"
 #include "text/completion_stream.h"
+#include "text/tokenizer.h"
 #include "text/unicode.h"
+#include "test_util.h"
 
 using namespace dsv4;
 using ojson = nlohmann::ordered_json;
@@ -547,5 +550,40 @@ TEST(CompletionStream, LargeInputsAreLinear) {
     s.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_LT(secs, 2.0) << text.substr(0, 40);
+  }
+}
+
+// What the server feeds: the text of each sampled token (the real tokenizer; a token may end
+// inside a character), or the characters StreamDecoder lets out.
+TEST(CompletionStream, TokenByTokenWithTheRealTokenizer) {
+  const std::string file = dsv4::testing::tokenizer_dir() + "/tokenizer.json";
+  if (!std::filesystem::exists(file)) GTEST_SKIP() << "no " << file << ": run scripts/fetch-tokenizer.sh";
+  const Tokenizer tok = Tokenizer::load(file);
+  const std::string texts[] = {
+      "Der Nutzer fragt nach dem Wetter 🌦️ in Zürich.</think>Ich sehe nach." +
+          calls(invoke("get_weather", param("city", true, "Zürich, 中国 \"CH\"") + param("days", false, "3") +
+                                          param("opts", false, "{\"units\": \"metric\", \"hourly\": [6, 12]}"))) +
+          EOS,
+      "短い答え。</think>答えは42です。" + EOS,
+      "R</think>" + calls(invoke("a", param("x", true, "half")).substr(0, 60)),
+  };
+  for (const std::string& text : texts) {
+    const std::vector<int32_t> ids = tok.encode(text);
+    ASSERT_EQ(tok.decode(ids), text);
+    const Fed whole = feed_all(text, {}, ChatMode::Thinking);
+    CompletionStream raw(ChatMode::Thinking), chars(ChatMode::Thinking);
+    StreamDecoder dec(tok);
+    std::vector<CompletionEvent> raw_events, char_events;
+    for (int32_t id : ids) {
+      for (auto& e : raw.feed(tok.token_text(id))) raw_events.push_back(std::move(e));
+      for (auto& e : chars.feed(dec.push(id))) char_events.push_back(std::move(e));
+    }
+    for (auto& e : raw.finish()) raw_events.push_back(std::move(e));
+    for (auto& e : chars.feed(dec.flush())) char_events.push_back(std::move(e));
+    for (auto& e : chars.finish()) char_events.push_back(std::move(e));
+    EXPECT_EQ(joined(raw_events), joined(whole.events)) << text;
+    EXPECT_EQ(joined(char_events), joined(whole.events)) << text;
+    EXPECT_EQ(raw.result().parsed.tool_calls, whole.result.parsed.tool_calls);
+    EXPECT_GT(ids.size(), 10u);
   }
 }
