@@ -5,6 +5,8 @@
 // re-render through the calls' "dsml".
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -12,7 +14,9 @@
 #include "core/error.h"
 #include "text/chat.h"
 #include "text/completion_stream.h"
+#include "text/tokenizer.h"
 #include "text/unicode.h"
+#include "test_util.h"
 
 using namespace dsv4;
 using ojson = nlohmann::ordered_json;
@@ -450,4 +454,136 @@ TEST(CompletionStream, ReRenderIsByteIdentical) {
   EXPECT_THROW(render_chat(wrong), Error);
   wrong[1]["tool_calls"][0]["dsml"] = 5;
   EXPECT_THROW(render_chat(wrong), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generated completions: well-formed ones built from the grammar, then mutated (fragments of
+// tags inserted, ranges deleted, the text cut). Every one must satisfy the invariants and give the
+// same result split at random; the well-formed ones must equal parse_completion.
+// ---------------------------------------------------------------------------------------------
+
+TEST(CompletionStream, GeneratedAndMutated) {
+  std::mt19937 rng(42);
+  const auto pick = [&](const std::vector<std::string>& v) { return v[rng() % v.size()]; };
+  const std::vector<std::string> words = {"a", "b c", "\n", "<", "</", "é", "你", "🙂", "</thi", "<｜", "\n\n<｜DSML｜tool",
+                                          "<｜end▁of", "\"q\"", "\\", "x>y"};
+  const std::vector<std::string> typed = {"1", "-2.5e3", "true", "null", "[1, {\"a\": \"b\"}]", "{\"k\": [true]}",
+                                          "not json", "", "\"s\"", "{bad"};
+  const std::vector<std::string> fragments = {
+      "<｜DSML｜invoke name=\"a\">\n", "</｜DSML｜invoke>\n", "<｜DSML｜parameter name=\"p\" string=\"true\">",
+      "</｜DSML｜parameter>\n", BLOCK, BLOCK_END, EOS, "</think>", ">\n", "\"", "\n", "<", "｜DSML｜", "\xE4"};
+  const auto text = [&](int n) {
+    std::string s;
+    for (int k = 0; k < n; ++k) s += pick(words);
+    return s;
+  };
+  int well_formed = 0, total = 0;
+  for (int iter = 0; iter < 600; ++iter) {
+    const ChatMode mode = rng() % 2 ? ChatMode::Thinking : ChatMode::Chat;
+    std::string s;
+    if (mode == ChatMode::Thinking) s += text(rng() % 4) + "</think>";
+    s += text(rng() % 4);
+    if (rng() % 3) {
+      std::string invokes;
+      const int n = rng() % 4;
+      for (int c = 0; c < n; ++c) {
+        std::string params;
+        const int np = rng() % 4;
+        for (int k = 0; k < np; ++k) {
+          const bool str = rng() % 2;
+          std::string name = "p";
+          name += std::to_string(k);
+          params += param(name, str, str ? text(rng() % 3) : pick(typed));
+        }
+        invokes += invoke(rng() % 4 ? "a" : "get_weather", params);
+      }
+      s += calls(invokes);
+    }
+    if (rng() % 2) s += EOS;
+    const int mutations = rng() % 3;
+    for (int m = 0; m < mutations; ++m) {
+      const size_t at = rng() % (s.size() + 1);
+      switch (rng() % 3) {
+        case 0: s.insert(at, pick(fragments)); break;
+        case 1: s.erase(at, rng() % 8); break;
+        case 2: s.resize(at); break;
+      }
+    }
+    const ojson tools = rng() % 3 ? ojson(nullptr) : tools_list({"a"});
+    const Fed whole = feed_all(s, {}, mode, tools);
+    check_invariants(s, whole, mode, "generated " + std::to_string(iter));
+    well_formed += whole.result.well_formed;
+    ++total;
+    for (int t = 0; t < 3; ++t) {
+      std::vector<size_t> cuts;
+      const int every = t == 0 ? 1 : 1 + static_cast<int>(rng() % 6);
+      for (size_t c = 1; c < s.size(); ++c)
+        if (rng() % every == 0) cuts.push_back(c);
+      const Fed r = feed_all(s, cuts, mode, tools);
+      ASSERT_EQ(joined(r.events), joined(whole.events)) << "generated " << iter << ": " << s;
+      ASSERT_EQ(r.result.parsed.tool_calls, whole.result.parsed.tool_calls);
+      ASSERT_EQ(r.result.tool_call_dsml, whole.result.tool_call_dsml);
+      ASSERT_EQ(r.result.well_formed, whole.result.well_formed);
+    }
+    if (::testing::Test::HasFailure()) {
+      ADD_FAILURE() << "input: " << s;
+      return;
+    }
+  }
+  // Both kinds were generated.
+  EXPECT_GT(well_formed, total / 5);
+  EXPECT_LT(well_formed, total * 4 / 5);
+}
+
+TEST(CompletionStream, LargeInputsAreLinear) {
+  // 1 MB in a string value, in a held typed value, in an unterminated invoke tag (a name, or
+  // whitespace before it) and in reasoning and content, fed in 4-byte pieces: no rescans from the
+  // start.
+  const std::string big(1 << 20, 'x');
+  for (const std::string& text :
+       {calls(invoke("a", param("s", true, big))), calls(invoke("a", param("t", false, "\"" + big + "\""))),
+        BLOCK + "<｜DSML｜invoke name=\"" + big, BLOCK + "<｜DSML｜invoke" + std::string(1 << 20, ' '),
+        "R" + big + "</think>" + big}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CompletionStream s(ChatMode::Thinking);
+    for (size_t at = 0; at < text.size(); at += 4) s.feed(std::string_view(text).substr(at, 4));
+    s.finish();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(secs, 2.0) << text.substr(0, 40);
+  }
+}
+
+// What the server feeds: the text of each sampled token (the real tokenizer; a token may end
+// inside a character), or the characters StreamDecoder lets out.
+TEST(CompletionStream, TokenByTokenWithTheRealTokenizer) {
+  const std::string file = dsv4::testing::tokenizer_dir() + "/tokenizer.json";
+  if (!std::filesystem::exists(file)) GTEST_SKIP() << "no " << file << ": run scripts/fetch-tokenizer.sh";
+  const Tokenizer tok = Tokenizer::load(file);
+  const std::string texts[] = {
+      "Der Nutzer fragt nach dem Wetter 🌦️ in Zürich.</think>Ich sehe nach." +
+          calls(invoke("get_weather", param("city", true, "Zürich, 中国 \"CH\"") + param("days", false, "3") +
+                                          param("opts", false, "{\"units\": \"metric\", \"hourly\": [6, 12]}"))) +
+          EOS,
+      "短い答え。</think>答えは42です。" + EOS,
+      "R</think>" + calls(invoke("a", param("x", true, "half")).substr(0, 60)),
+  };
+  for (const std::string& text : texts) {
+    const std::vector<int32_t> ids = tok.encode(text);
+    ASSERT_EQ(tok.decode(ids), text);
+    const Fed whole = feed_all(text, {}, ChatMode::Thinking);
+    CompletionStream raw(ChatMode::Thinking), chars(ChatMode::Thinking);
+    StreamDecoder dec(tok);
+    std::vector<CompletionEvent> raw_events, char_events;
+    for (int32_t id : ids) {
+      for (auto& e : raw.feed(tok.token_text(id))) raw_events.push_back(std::move(e));
+      for (auto& e : chars.feed(dec.push(id))) char_events.push_back(std::move(e));
+    }
+    for (auto& e : raw.finish()) raw_events.push_back(std::move(e));
+    for (auto& e : chars.feed(dec.flush())) char_events.push_back(std::move(e));
+    for (auto& e : chars.finish()) char_events.push_back(std::move(e));
+    EXPECT_EQ(joined(raw_events), joined(whole.events)) << text;
+    EXPECT_EQ(joined(char_events), joined(whole.events)) << text;
+    EXPECT_EQ(raw.result().parsed.tool_calls, whole.result.parsed.tool_calls);
+    EXPECT_GT(ids.size(), 10u);
+  }
 }

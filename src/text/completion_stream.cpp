@@ -263,7 +263,7 @@ bool CompletionStream::step_block() {
         block_pending_ += ">\n";
         buf_.erase(0, 2);
         state_ = State::InvokeHeader;
-        scan_from_ = 0;
+        scan_from_ = header_ws_ = 0;
       } else if (m == 1) {  // an empty block
         buf_.erase(0, 2 + kCallsEnd.size());
         block_pending_.clear();
@@ -280,8 +280,9 @@ bool CompletionStream::step_block() {
     }
 
     case State::InvokeHeader: {  // buf_ starts with "<｜DSML｜invoke"
-      size_t i = kInvoke.size();
+      size_t i = std::max(header_ws_, kInvoke.size());
       while (i < buf_.size() && std::isspace(static_cast<unsigned char>(buf_[i]))) ++i;
+      header_ws_ = i;
       const size_t n = std::min(kNameOpen.size(), buf_.size() - i);
       if (buf_.compare(i, n, kNameOpen, 0, n) != 0) {
         malformed();
@@ -457,7 +458,7 @@ bool CompletionStream::step_block() {
         block_pending_ += "\n";
         buf_.erase(0, 1);
         state_ = State::InvokeHeader;
-        scan_from_ = 0;
+        scan_from_ = header_ws_ = 0;
       } else if (m == 1) {
         buf_.erase(0, 1 + kCallsEnd.size());
         block_pending_.clear();

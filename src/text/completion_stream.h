@@ -30,7 +30,10 @@
 // - a failure after a call began closes the open call with what it has (an open string value and
 //   the object are closed, so its arguments stay valid JSON) and the rest of the text, from the
 //   first unit that did not fit (a tag, a parameter), is parsed again as content;
-// - after the end-of-sentence text nothing more is read.
+// - after the end-of-sentence text nothing more is read (inside a string value it is value text
+//   when more text follows, as parse_completion reads it; at the end of the text it ends it).
+// A text that ends right after an invoke tag, a parameter or "</｜DSML｜invoke" is taken as
+// parse_completion takes it: the call closes with its arguments (its dsml stays empty).
 // Unknown tool names (with a tools list), empty names, unknown string="..." flags, duplicate
 // parameters and bad separators all count as malformed. In thinking mode a tool-call block before
 // "</think>" ends the reasoning (parse_completion rejects such a text; models that skip
@@ -133,6 +136,7 @@ class CompletionStream {
   std::string text_;  // everything fed (for well_formed)
   std::string buf_;   // fed and not yet decided
   size_t scan_from_ = 0;  // held states: positions of buf_ before this hold no tag (nor its start)
+  size_t header_ws_ = 0;  // InvokeHeader: the whitespace before `name="` ends here (or later)
   std::vector<CompletionEvent> out_;
   StreamedCompletion result_;
   bool refused_ = false;  // a call refused for its name
