@@ -14,12 +14,15 @@
 // summation order), so a sequence's logits do not depend on its batch.
 //
 // Data-dependent decisions stay in backend memory (the indexer's top-k, which blocks close),
-// except MoE routing: its expert ids come to the host, where the per-expert token lists are
-// built (one synchronisation per MoE layer on a device; issue 6 moves it onto the device).
+// except MoE routing in the general case: its expert ids come to the host, where the per-expert
+// token lists are built; a backend may instead keep it (moe_on_device / routed_experts: the
+// CUDA decode step, which a CUDA graph replays without the host).
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "kv/state.h"
 #include "model/weights.h"
 
@@ -131,6 +134,16 @@ struct Route {
   float* weights = nullptr;
 };
 
+// Routing and the routed experts in one op, for a backend that keeps the routing in its own
+// memory (Backend::moe_on_device): f = the sum over each row's experts, in ascending expert id,
+// of its routing weight times the expert's clamped SwiGLU FFN of x — the same floats as route +
+// dispatch + the expert loop of model/moe_layer.cpp, with no host read of the routing.
+struct RoutedExperts {
+  const MoEW* w = nullptr;
+  RouteBy by = RouteBy::Score;
+  const float* logits = nullptr;
+};
+
 // Rows of the step, as indices into it (backend memory), with a weight each.
 struct RowList {
   const int32_t* rows = nullptr;
@@ -220,6 +233,12 @@ class Backend {
   virtual void scatter_add(Step& s, const float* y, const int32_t* rows, int64_t n, int64_t dim, float* out) = 0;
   virtual void swiglu(Step& s, const Swiglu& g) = 0;
   virtual void add(Step& s, float* y, const float* x, int64_t n) = 0;  // y += x
+  // Whether this step's MoE runs as routed_experts (no host read of the routing; a CUDA decode
+  // step) instead of route / dispatch / gather / scatter_add.
+  virtual bool moe_on_device(const Step&) const { return false; }
+  virtual void routed_experts(Step&, const RoutedExperts&) {
+    throw Error(std::string(name()) + " backend: routed_experts is not implemented", ErrorKind::Internal);
+  }
 
   // The head.
   // out (host, [rows.size(), hc*D]) = X of the given rows.
@@ -229,6 +248,8 @@ class Backend {
   virtual void hc_head(Stack stack, Step& s, const std::vector<int64_t>& rows) = 0;
   // out (host, [n, vocab]) = head(x[0..n)).
   virtual void logits(Step& s, int64_t n, float* out) = 0;
+  // The step's last call (Model::run): a backend that deferred work (a CUDA graph) runs it now.
+  virtual void end(Step&) {}
 };
 
 }  // namespace dsv4

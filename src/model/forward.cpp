@@ -86,14 +86,18 @@ void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
       for (int64_t t = 0; t < q.n; ++t) rows.push_back(q.t0 + t);
     if (in[i].logits == Rows::Last) rows.push_back(q.t0 + q.n - 1);
   }
-  if (rows.empty()) return;
+  if (rows.empty()) return be.end(s);
   const int64_t n = static_cast<int64_t>(rows.size()), V = c.vocab;
   be.hc_head(stack, s, rows);
   be.rmsnorm(s, {s.x, n, c.dim, stack == Stack::Main ? &w_->norm : &w_->mtp->norm, c.eps});  // the final norm
   // Straight into the callers' buffers when there is only one; else through one host buffer.
-  if (in.size() == 1) return be.logits(s, n, in[0].logits_out);
+  if (in.size() == 1) {
+    be.logits(s, n, in[0].logits_out);
+    return be.end(s);
+  }
   std::vector<float> out(static_cast<size_t>(n * V));
   be.logits(s, n, out.data());
+  be.end(s);
   const float* src = out.data();
   for (const SeqInput& si : in) {
     const int64_t k = si.logits == Rows::All ? si.n : si.logits == Rows::Last ? 1 : 0;
