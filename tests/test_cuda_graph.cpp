@@ -225,3 +225,17 @@ TEST_F(CudaGraph, AllocationInsideCapturedStepFails) {
     EXPECT_EQ(a, b) << "decode step " << i;
   }
 }
+
+// The routed experts on the device (steps of up to 16 rows) give the floats of the host-built
+// per-expert lists (longer steps): 20 tokens as one prefill step == the same 20 as decode steps,
+// bit for bit (every other kernel is chunk-invariant bit for bit too).
+TEST_F(CudaGraph, DeviceRoutingEqualsHostLists) {
+  const Model eager = cuda_model(64, false);
+  const int64_t V = eager.config().vocab, n = 20;
+  const std::vector<int32_t> toks = tokens_of(0, V);
+  std::vector<float> chunk(static_cast<size_t>(n * V)), steps(static_cast<size_t>(n * V));
+  SequenceState a = eager.new_sequence(), b = eager.new_sequence();
+  eager.step(Stack::Main, {{&a, toks.data(), n, Rows::All, chunk.data(), nullptr, nullptr}});
+  for (int64_t i = 0; i < n; ++i) eager.step(Stack::Main, {{&b, toks.data() + i, 1, Rows::All, steps.data() + i * V, nullptr, nullptr}});
+  EXPECT_TRUE(chunk == steps) << "max rel " << max_rel(chunk, steps, V);
+}
