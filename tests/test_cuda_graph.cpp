@@ -239,3 +239,19 @@ TEST_F(CudaGraph, DeviceRoutingEqualsHostLists) {
   for (int64_t i = 0; i < n; ++i) eager.step(Stack::Main, {{&b, toks.data() + i, 1, Rows::All, steps.data() + i * V, nullptr, nullptr}});
   EXPECT_TRUE(chunk == steps) << "max rel " << max_rel(chunk, steps, V);
 }
+
+// Greedy ids only (SeqInput::argmax_out, the head + argmax_rows inside the step's graph): the
+// argmax of an eager step's logits, over captured and replayed steps.
+TEST_F(CudaGraph, ArgmaxIdsEqualArgmaxOfLogits) {
+  const Model graphs = cuda_model(64, true), eager = cuda_model(64, false);
+  const int64_t V = graphs.config().vocab;
+  const std::vector<int32_t> toks = tokens_of(0, V);
+  SequenceState a = graphs.new_sequence(), b = eager.new_sequence();
+  std::vector<float> l(static_cast<size_t>(V));
+  for (int64_t i = 0; i < 8; ++i) {
+    int32_t id = -1;
+    graphs.step(Stack::Main, {{&a, toks.data() + i, 1, Rows::Last, nullptr, nullptr, nullptr, &id}});
+    eager.step(Stack::Main, {{&b, toks.data() + i, 1, Rows::Last, l.data(), nullptr, nullptr}});
+    EXPECT_EQ(id, std::max_element(l.begin(), l.end()) - l.begin()) << "step " << i;
+  }
+}

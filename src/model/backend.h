@@ -17,6 +17,7 @@
 // except MoE routing in the general case: its expert ids come to the host, where the per-expert
 // token lists are built; a backend may instead keep it (moe_on_device / routed_experts: the
 // CUDA decode step, which a CUDA graph replays without the host).
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -41,6 +42,7 @@ struct StepPlan {
   std::vector<int64_t> pos;      // [T] each row's position
   std::vector<StepSeq> seqs;     // disjoint row ranges covering [0, T), in row order
   const float* hidden = nullptr; // MTP: [T, hc*D] the main model's final hc state per row
+  bool ids_only = false;         // the step ends with argmax() (greedy ids), not logits()
   int64_t T() const { return static_cast<int64_t>(tokens.size()); }
 };
 
@@ -248,6 +250,16 @@ class Backend {
   virtual void hc_head(Stack stack, Step& s, const std::vector<int64_t>& rows) = 0;
   // out (host, [n, vocab]) = head(x[0..n)).
   virtual void logits(Step& s, int64_t n, float* out) = 0;
+  // out (host, [n]) = the index of the first largest value of each row of head(x[0..n)) (vocab
+  // values), the greedy token. By default from logits(); a device backend copies back only the ids.
+  virtual void argmax(Step& s, int64_t n, int64_t vocab, int32_t* out) {
+    std::vector<float> l(static_cast<size_t>(n * vocab));
+    logits(s, n, l.data());
+    for (int64_t r = 0; r < n; ++r) {
+      const float* row = l.data() + r * vocab;
+      out[r] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+    }
+  }
   // The step's last call (Model::run): a backend that deferred work (a CUDA graph) runs it now.
   virtual void end(Step&) {}
 };

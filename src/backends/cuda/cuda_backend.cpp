@@ -164,6 +164,7 @@ class CudaBackend final : public Backend {
   void read_hidden(Step& s, const std::vector<int64_t>& rows, float* out) override;
   void hc_head(Stack stack, Step& s, const std::vector<int64_t>& rows) override;
   void logits(Step& s, int64_t n, float* out) override;
+  void argmax(Step& s, int64_t n, int64_t vocab, int32_t* out) override;
 
  private:
   CudaSequence& sequence(SequenceState& st) const;
@@ -390,7 +391,7 @@ Backend::Step CudaBackend::begin(const StepPlan& plan) {
   const int64_t T = plan.T();
   DSV4_CHECK(T <= chunk_);  // max_rows()
   bool decode = use_graphs_ && T <= StepGraphs::kMaxRows;
-  std::vector<uint64_t> key;
+  std::vector<uint64_t> key = {plan.ids_only ? 1u : 0u};  // the step's tail: argmax or logits
   for (const StepSeq& q : plan.seqs) {
     const CudaSequence& seq = sequence(*q.st);
     if (q.p0 + q.n > context_)
@@ -642,6 +643,18 @@ void CudaBackend::logits(Step& s, int64_t n, float* out) {
   flush();
   wait();  // the download is on the legacy stream
   ws_.logits.download(out, static_cast<size_t>(n * c_.vocab) * sizeof(float));
+}
+
+// The head and argmax_rows on the device (in the step's graph); only n ids come back.
+void CudaBackend::argmax(Step& s, int64_t n, int64_t vocab, int32_t* out) {
+  DSV4_CHECK(vocab == c_.vocab);
+  if (!replaying()) {
+    gpu::qmatmul(dev_.weight(w_.head), s.x, n, ws_.logits.as<float>(), stream_);
+    gpu::argmax_rows(ws_.logits.as<float>(), n, vocab, vocab, ws_.idx.as<int32_t>(), stream_);
+  }
+  flush();
+  wait();
+  ws_.idx.download(out, static_cast<size_t>(n) * sizeof(int32_t));
 }
 
 }  // namespace
