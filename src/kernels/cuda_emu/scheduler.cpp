@@ -225,6 +225,16 @@ void switch_to(Fiber* from, Fiber* to, bool from_is_done) {
   }
   g_prev = from;
 #if DSV4_EMU_ASAN
+  if (from_is_done && from != &g_host) {
+    // A finished fiber never returns from this frame or its callers' (fiber_main, yield), so
+    // their redzones would stay poisoned; the next fiber on this stack puts its kernel's locals
+    // there (ASan then reported sincos writing into its own locals). Everything below this frame
+    // has returned, so only the top of the stack needs clearing.
+    char* const top = from->stack_lo + from->stack_size;
+    char* lo = static_cast<char*>(__builtin_frame_address(0)) - 1024;
+    if (lo < from->stack_lo) lo = from->stack_lo;
+    ASAN_UNPOISON_MEMORY_REGION(lo, static_cast<size_t>(top - lo));
+  }
   // Tell ASan which stack we move to; a finished fiber's fake stack can be dropped.
   __sanitizer_start_switch_fiber(from_is_done ? nullptr : &from->asan_fake, to->stack_lo, to->stack_size);
 #endif
