@@ -49,6 +49,30 @@ const char* const kCases[] = {"tiny-native", "tiny-nvfp4-sharded", "tiny-hf-bf16
 
 }  // namespace
 
+// StepRequest::ids_only returns the greedy token of each logits row (the first largest logit)
+// and no logits, in a batch whose other sequence asks for logits and alone.
+TEST(EngineBatch, IdsOnlyAreTheArgmaxOfTheLogits) {
+  Engine e({.model_dir = golden_dir("tiny-native") + "/model"});
+  const int64_t V = e.info().vocab;
+  std::mt19937 g(11);
+  const std::vector<int32_t> a = random_tokens(g, 9, V), b = random_tokens(g, 6, V);
+  Sequence s1 = e.new_sequence(), s2 = e.new_sequence(), t1 = e.new_sequence();
+  StepRequest ids{&s1, a, Rows::All};
+  ids.ids_only = true;
+  const std::vector<StepResult> mixed = e.step({ids, StepRequest{&s2, b, Rows::Last}});
+  const std::vector<float> want = std::move(e.step({StepRequest{&t1, a, Rows::All}})[0].logits);
+  ASSERT_EQ(mixed[0].ids.size(), a.size());
+  EXPECT_TRUE(mixed[0].logits.empty());
+  EXPECT_EQ(mixed[1].logits.size(), static_cast<size_t>(V));
+  for (size_t r = 0; r < a.size(); ++r)
+    EXPECT_EQ(mixed[0].ids[r], std::max_element(want.begin() + r * V, want.begin() + (r + 1) * V) - (want.begin() + r * V)) << r;
+  // Alone (the step ends with Backend::argmax), one decode token.
+  StepRequest next{&s1, {a[0]}, Rows::Last};
+  next.ids_only = true;
+  const std::vector<float> l = std::move(e.step({StepRequest{&t1, {a[0]}, Rows::Last}})[0].logits);
+  EXPECT_EQ(e.step({next})[0].ids, std::vector<int32_t>{static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin())});
+}
+
 // Each golden case scored inside a batch with other sequences of other lengths and schedules
 // (one still prefilling in chunks while others decode) gives logits bit-identical to scoring it
 // alone; so do the others.

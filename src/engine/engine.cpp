@@ -556,9 +556,11 @@ void Engine::run_step(const std::vector<StepRequest>& reqs, std::vector<StepResu
     pos0[i] = q.st.pos;
     const int64_t n = static_cast<int64_t>(r.tokens.size());
     const int64_t rows = r.logits == Rows::All ? n : r.logits == Rows::Last ? 1 : 0;
-    out[i].logits.resize(static_cast<size_t>(rows * V));
+    if (r.ids_only) out[i].ids.resize(static_cast<size_t>(rows));
+    else out[i].logits.resize(static_cast<size_t>(rows * V));
     if (r.hidden || q.mtp) hid[i].resize(static_cast<size_t>(n * Hs));
-    in.push_back({&q.st, r.tokens.data(), n, r.logits, out[i].logits.data(), hid[i].empty() ? nullptr : hid[i].data(), nullptr});
+    in.push_back({&q.st, r.tokens.data(), n, r.logits, r.ids_only ? nullptr : out[i].logits.data(),
+                  hid[i].empty() ? nullptr : hid[i].data(), nullptr, r.ids_only ? out[i].ids.data() : nullptr});
   }
   model_->step(Stack::Main, in);
   for (size_t i = 0; i < reqs.size(); ++i) {

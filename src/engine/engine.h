@@ -146,10 +146,14 @@ struct StepRequest {
   Rows logits = Rows::Last;     // None / Last ([1, vocab]) / All ([n, vocab])
   bool hidden = false;          // also return the final hc state of every row ([n, hc*dim])
   bool mtp_logits = false;      // also return the MTP block's logits of the positions it consumed
+  // Return the greedy token of each logits row (StepResult::ids) instead of the logits: on cuda
+  // only the ids leave the device.
+  bool ids_only = false;
 };
 
 struct StepResult {
-  std::vector<float> logits;      // [rows, vocab]
+  std::vector<float> logits;      // [rows, vocab] (empty with StepRequest::ids_only)
+  std::vector<int32_t> ids;       // [rows] with StepRequest::ids_only: the first largest logit's index
   std::vector<float> hidden;      // [n, hc*dim] when asked
   // MTP sequences, when asked: the block's logits for positions [mtp_first, mtp_first + rows),
   // row t = the block at position t given token t+1, predicting token t+2.

@@ -110,14 +110,18 @@ GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& promp
   };
   int32_t id = opt.max_new_tokens > 0 ? sampler.sample(logits.data(), V, history) : 0;
   bool go = opt.max_new_tokens > 0 && take(id, s.seq.pos());
+  // Plain greedy needs only the argmax: on cuda just the token id comes back.
+  const SamplingParams& sp = opt.sampling;
+  const bool greedy = sp.temperature == 0.0f && sp.repetition_penalty == 1.0f && sp.presence_penalty == 0.0f;
   while (go) {
     if (opt.draft == 0) {
       StepRequest req;
       req.seq = &s.seq;
       req.tokens = {id};
-      logits = std::move(e.step({req})[0].logits);
+      req.ids_only = greedy;
+      StepResult out = std::move(e.step({req})[0]);
       ++r.steps;
-      id = sampler.sample(logits.data(), V, history);
+      id = greedy ? out.ids[0] : sampler.sample(out.logits.data(), V, history);
       go = take(id, s.seq.pos());
       continue;
     }

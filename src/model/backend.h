@@ -14,12 +14,16 @@
 // summation order), so a sequence's logits do not depend on its batch.
 //
 // Data-dependent decisions stay in backend memory (the indexer's top-k, which blocks close),
-// except MoE routing: its expert ids come to the host, where the per-expert token lists are
-// built (one synchronisation per MoE layer on a device; issue 6 moves it onto the device).
+// except MoE routing in the general case: its expert ids come to the host, where the per-expert
+// token lists are built; a backend may instead keep it (moe_on_device / routed_experts: the
+// CUDA decode step, which a CUDA graph replays without the host).
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "kv/state.h"
 #include "model/weights.h"
 
@@ -38,6 +42,7 @@ struct StepPlan {
   std::vector<int64_t> pos;      // [T] each row's position
   std::vector<StepSeq> seqs;     // disjoint row ranges covering [0, T), in row order
   const float* hidden = nullptr; // MTP: [T, hc*D] the main model's final hc state per row
+  bool ids_only = false;         // the step ends with argmax() (greedy ids), not logits()
   int64_t T() const { return static_cast<int64_t>(tokens.size()); }
 };
 
@@ -131,6 +136,16 @@ struct Route {
   float* weights = nullptr;
 };
 
+// Routing and the routed experts in one op, for a backend that keeps the routing in its own
+// memory (Backend::moe_on_device): f = the sum over each row's experts, in ascending expert id,
+// of its routing weight times the expert's clamped SwiGLU FFN of x — the same floats as route +
+// dispatch + the expert loop of model/moe_layer.cpp, with no host read of the routing.
+struct RoutedExperts {
+  const MoEW* w = nullptr;
+  RouteBy by = RouteBy::Score;
+  const float* logits = nullptr;
+};
+
 // Rows of the step, as indices into it (backend memory), with a weight each.
 struct RowList {
   const int32_t* rows = nullptr;
@@ -220,6 +235,12 @@ class Backend {
   virtual void scatter_add(Step& s, const float* y, const int32_t* rows, int64_t n, int64_t dim, float* out) = 0;
   virtual void swiglu(Step& s, const Swiglu& g) = 0;
   virtual void add(Step& s, float* y, const float* x, int64_t n) = 0;  // y += x
+  // Whether this step's MoE runs as routed_experts (no host read of the routing; a CUDA decode
+  // step) instead of route / dispatch / gather / scatter_add.
+  virtual bool moe_on_device(const Step&) const { return false; }
+  virtual void routed_experts(Step&, const RoutedExperts&) {
+    throw Error(std::string(name()) + " backend: routed_experts is not implemented", ErrorKind::Internal);
+  }
 
   // The head.
   // out (host, [rows.size(), hc*D]) = X of the given rows.
@@ -229,6 +250,18 @@ class Backend {
   virtual void hc_head(Stack stack, Step& s, const std::vector<int64_t>& rows) = 0;
   // out (host, [n, vocab]) = head(x[0..n)).
   virtual void logits(Step& s, int64_t n, float* out) = 0;
+  // out (host, [n]) = the index of the first largest value of each row of head(x[0..n)) (vocab
+  // values), the greedy token. By default from logits(); a device backend copies back only the ids.
+  virtual void argmax(Step& s, int64_t n, int64_t vocab, int32_t* out) {
+    std::vector<float> l(static_cast<size_t>(n * vocab));
+    logits(s, n, l.data());
+    for (int64_t r = 0; r < n; ++r) {
+      const float* row = l.data() + r * vocab;
+      out[r] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+    }
+  }
+  // The step's last call (Model::run): a backend that deferred work (a CUDA graph) runs it now.
+  virtual void end(Step&) {}
 };
 
 }  // namespace dsv4

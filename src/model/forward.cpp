@@ -23,7 +23,8 @@ void Model::step(Stack stack, const std::vector<SeqInput>& in) const {
       p.n = std::min(piece, s.n - t0);
       p.tokens = s.tokens + t0;
       const bool last = t0 + p.n == s.n;
-      if (s.logits == Rows::All) p.logits_out = s.logits_out + t0 * V;
+      if (s.logits == Rows::All && s.logits_out) p.logits_out = s.logits_out + t0 * V;
+      if (s.logits == Rows::All && s.argmax_out) p.argmax_out = s.argmax_out + t0;
       if (s.logits == Rows::Last && !last) p.logits = Rows::None;
       if (s.hidden_out) p.hidden_out = s.hidden_out + t0 * Hs;
       if (s.hidden_in) p.hidden_in = s.hidden_in + t0 * Hs;
@@ -51,6 +52,8 @@ void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
     if (stack == Stack::Mtp) hidden.insert(hidden.end(), s.hidden_in, s.hidden_in + s.n * Hs);
   }
   plan.hidden = stack == Stack::Mtp ? hidden.data() : nullptr;
+  plan.ids_only = true;
+  for (const SeqInput& si : in) plan.ids_only = plan.ids_only && (si.logits == Rows::None || (!si.logits_out && si.argmax_out));
 
   // Host temporaries of the step (all of the CPU backend's activations) are given back here.
   Arena::Scope scope(thread_arena());
@@ -86,18 +89,37 @@ void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
       for (int64_t t = 0; t < q.n; ++t) rows.push_back(q.t0 + t);
     if (in[i].logits == Rows::Last) rows.push_back(q.t0 + q.n - 1);
   }
-  if (rows.empty()) return;
+  if (rows.empty()) return be.end(s);
   const int64_t n = static_cast<int64_t>(rows.size()), V = c.vocab;
   be.hc_head(stack, s, rows);
   be.rmsnorm(s, {s.x, n, c.dim, stack == Stack::Main ? &w_->norm : &w_->mtp->norm, c.eps});  // the final norm
+  // Only the greedy ids when no input wants the logits themselves (plan.ids_only).
+  if (plan.ids_only) {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    be.argmax(s, n, V, ids.data());
+    be.end(s);
+    const int32_t* src = ids.data();
+    for (const SeqInput& si : in) {
+      const int64_t k = si.logits == Rows::All ? si.n : si.logits == Rows::Last ? 1 : 0;
+      std::copy(src, src + k, si.argmax_out);
+      src += k;
+    }
+    return;
+  }
   // Straight into the callers' buffers when there is only one; else through one host buffer.
-  if (in.size() == 1) return be.logits(s, n, in[0].logits_out);
+  if (in.size() == 1 && in[0].logits_out && !in[0].argmax_out) {
+    be.logits(s, n, in[0].logits_out);
+    return be.end(s);
+  }
   std::vector<float> out(static_cast<size_t>(n * V));
   be.logits(s, n, out.data());
+  be.end(s);
   const float* src = out.data();
   for (const SeqInput& si : in) {
     const int64_t k = si.logits == Rows::All ? si.n : si.logits == Rows::Last ? 1 : 0;
-    std::copy(src, src + k * V, si.logits_out);
+    if (si.logits_out) std::copy(src, src + k * V, si.logits_out);
+    for (int64_t r = 0; r < k && si.argmax_out; ++r)
+      si.argmax_out[r] = static_cast<int32_t>(std::max_element(src + r * V, src + (r + 1) * V) - (src + r * V));
     src += k * V;
   }
 }

@@ -24,6 +24,10 @@ struct SeqInput {
   float* logits_out = nullptr;      // host [1 or n, vocab] per `logits`
   float* hidden_out = nullptr;      // host [n, hc*D], the final hc state per row (main only), or null
   const float* hidden_in = nullptr; // MTP: host [n, hc*D], the main model's final hc state per row
+  // Host [1 or n] per `logits`: the greedy token (first largest logit) of each logits row. With
+  // logits_out null the logits stay in backend memory (Backend::argmax: a device copies back
+  // only the ids).
+  int32_t* argmax_out = nullptr;
 };
 
 class Model {

@@ -49,9 +49,15 @@ void moe_layer(Backend& be, const ModelConfig& c, const LayerW& L, Backend::Step
   Arena::Scope scope(thread_arena());
   float* logits = be.tmp(s, Tmp::GateLogits, T * E);
   be.matmul(s, {&F.gate, s.x, T, logits});
+  const RouteBy by = L.hash ? RouteBy::Hash : RouteBy::Score;
+  if (be.moe_on_device(s)) {
+    be.routed_experts(s, {&F, by, logits});
+    run_expert(be, c, F.shared, s, nullptr, nullptr, T);
+    return;
+  }
   std::vector<int32_t> ids(static_cast<size_t>(Tk));
   std::vector<float> wts(static_cast<size_t>(Tk));
-  be.route(s, {&F, L.hash ? RouteBy::Hash : RouteBy::Score, logits, ids.data(), wts.data()});
+  be.route(s, {&F, by, logits, ids.data(), wts.data()});
 
   // Per expert, the rows it serves in ascending order and their weights, expert after expert
   // (a counting sort of the routing).

@@ -4,6 +4,7 @@
 // both. Plain C++ (g++), linked into dsv4cuda.
 #include "backends/cuda/cuda_backend.h"
 
+#include <atomic>
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/step_graphs.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "model/rope.h"
@@ -106,17 +108,18 @@ struct DevLayerState {
 
 struct CudaSequence final : BackendSequence {
   const void* owner = nullptr;
+  uint64_t serial = 0;  // never reused: a step graph is keyed by its sequences (step_graphs.h)
   std::vector<DevLayerState> layers;
 };
 
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const ModelWeights& w, const CudaOptions& o);
+  ~CudaBackend() override;
 
   const char* name() const override { return "cuda"; }
   SequenceState new_sequence() const override;
-  // Not yet on this backend (issue 14): forks and rewinds of the device caches, the MTP block,
-  // several sequences in one step (the engine runs them one by one).
+  // Not yet on this backend (issue 14): forks and rewinds of the device caches, the MTP block.
   SequenceState fork(const SequenceState&) const override {
     throw Error("cuda backend: forking a sequence is not supported yet", ErrorKind::Unsupported);
   }
@@ -124,16 +127,20 @@ class CudaBackend final : public Backend {
     throw Error("cuda backend: rewinding a sequence is not supported yet", ErrorKind::Unsupported);
   }
   int64_t max_rows() const override { return chunk_; }
-  bool batched() const override { return false; }
   Step begin(const StepPlan& plan) override;
+  void end(Step& s) override { flush(); }
   float* tmp(Step& s, Tmp which, int64_t n) override { return slot(which, n * sizeof(float)).as<float>(); }
   int32_t* tmp_ints(Step& s, Tmp which, int64_t n) override { return slot(which, n * sizeof(int32_t)).as<int32_t>(); }
   void hc_pre(int64_t l, Sub sub, Step& s) override;
-  void hc_post(Step& s) override { gpu::hc_post(s.f, s.post, s.comb, s.X, s.T, c_.hc, c_.dim); }
+  void hc_post(Step& s) override {
+    if (!replaying()) gpu::hc_post(s.f, s.post, s.comb, s.X, s.T, c_.hc, c_.dim, stream_);
+  }
   void matmul(Step& s, const Matmul& m) override;
   void rmsnorm(Step& s, const RmsNorm& n) override;
   void vec_ops(Step& s, const VecOps& v) override;
-  void scale(Step&, float* x, int64_t n, float factor) override { gpu::scale(x, n, factor); }
+  void scale(Step&, float* x, int64_t n, float factor) override {
+    if (!replaying()) gpu::scale(x, n, factor, stream_);
+  }
   void compress(Step& s, const CompressFeed& f) override;
   void index_topk(Step& s, const IndexTopk& k) override;
   void attend(Step& s, const Attend& a) override;
@@ -141,28 +148,51 @@ class CudaBackend final : public Backend {
   RowList dispatch(Step& s, const std::vector<int32_t>& rows, const std::vector<float>& weights) override;
   void zero_f(Step& s) override;
   void gather(Step&, const float* x, const int32_t* rows, int64_t n, int64_t dim, float* y) override {
-    gpu::gather_rows(x, dim, rows, n, dim, y, dim);
+    if (!replaying()) gpu::gather_rows(x, dim, rows, n, dim, y, dim, stream_);
   }
   void scatter_add(Step&, const float* y, const int32_t* rows, int64_t n, int64_t dim, float* out) override {
-    gpu::scatter_add_rows(y, dim, rows, n, dim, out, dim);
+    if (!replaying()) gpu::scatter_add_rows(y, dim, rows, n, dim, out, dim, stream_);
   }
-  void swiglu(Step&, const Swiglu& g) override { gpu::swiglu_clamped(g.g, g.n, g.u, g.n, g.rows, g.n, g.limit, g.w); }
-  void add(Step&, float* y, const float* x, int64_t n) override { gpu::add(y, x, y, n); }
+  void swiglu(Step&, const Swiglu& g) override {
+    if (!replaying()) gpu::swiglu_clamped(g.g, g.n, g.u, g.n, g.rows, g.n, g.limit, g.w, stream_);
+  }
+  void add(Step&, float* y, const float* x, int64_t n) override {
+    if (!replaying()) gpu::add(y, x, y, n, stream_);
+  }
+  bool moe_on_device(const Step& s) const override { return s.T <= StepGraphs::kMaxRows && !experts_.empty(); }
+  void routed_experts(Step& s, const RoutedExperts& r) override;
   void read_hidden(Step& s, const std::vector<int64_t>& rows, float* out) override;
   void hc_head(Stack stack, Step& s, const std::vector<int64_t>& rows) override;
   void logits(Step& s, int64_t n, float* out) override;
+  void argmax(Step& s, int64_t n, int64_t vocab, int32_t* out) override;
 
  private:
   CudaSequence& sequence(SequenceState& st) const;
   DeviceBuffer& slot(Tmp which, size_t bytes);
+  // Every op that enqueues device work starts with it: counts the op and says whether a step
+  // graph does the work instead (step_graphs.h).
+  bool replaying() {
+    ++ops_;
+    return mode_ == StepGraphs::Mode::Replay;
+  }
+  // Runs the step's graph (captured now or before); the stream then holds the whole step.
+  void flush();
+  void wait() { gpu::synchronize(stream_); }
 
   const ModelWeights& w_;
   const ModelConfig& c_;
+  gpu::Stream stream_ = nullptr;  // every op; a created stream, since the legacy one cannot capture
   int64_t context_ = 0, chunk_ = 0;
   size_t kvb_ = 0, ikb_ = 0;  // bytes per cached KV vector / indexer key
   DeviceTensors dev_;
   gpu::DeviceHcMix head_mix_;
   std::vector<DevLayer> layers_;
+  // The routed experts' matrices per MoE layer, for qmatmul_experts (empty: experts of one layer
+  // differ in format or shape, and every step routes through the host).
+  struct ExpertTables {
+    gpu::DeviceExpertTable w1, w3, w2;
+  };
+  std::unordered_map<const MoEW*, ExpertTables> experts_;
 
   // The activation workspace for chunks of up to chunk_ tokens: the step's buffers, one slot per
   // Tmp (ca / cs: the KV compressor's rows, ia / is: the indexer compressor's), kernel scratch.
@@ -171,10 +201,20 @@ class CudaBackend final : public Backend {
     DeviceBuffer X, x, post, comb, f, mixes;
     DeviceBuffer qr, q, kv, chunk_kv, o, z, ca, cs, ia, is, qi, wi, scores, sel, sel_n, n_vis;
     DeviceBuffer glog, ids, wts, idx, roww, xs, g, u, y;
+    DeviceBuffer sg, su, sy;  // routed_experts: per (row, slot) [kMaxRows * n_active, I or D]
     DeviceBuffer logits;
   } ws_;
-  std::vector<int32_t> pos_h_;  // host scratch of the positions upload, reused across steps
+  gpu::PinnedBuffer stage_;  // the step's token ids [chunk_] then positions [chunk_], uploaded at begin
+
+  // Step graphs: whether decode steps use them, the cache, and the current step's mode and key.
+  bool use_graphs_ = true;
+  StepGraphs graphs_;
+  StepGraphs::Mode mode_ = StepGraphs::Mode::Eager;
+  std::vector<uint64_t> key_;
+  int64_t ops_ = 0;
 };
+
+std::atomic<uint64_t> g_next_serial{1};
 
 // w, once a device is known to be there (before the first upload).
 const ModelWeights& on_device(const ModelWeights& w) {
@@ -184,6 +224,8 @@ const ModelWeights& on_device(const ModelWeights& w) {
 
 CudaBackend::CudaBackend(const ModelWeights& w, const CudaOptions& o) : w_(w), c_(w.cfg), dev_(on_device(w)) {
   const ModelConfig& c = c_;
+  stream_ = gpu::create_stream();
+  use_graphs_ = o.graphs;
   context_ = o.context;
   if (context_ < 1 || context_ > 0x7FFFFFFF) throw Error("cuda backend: context " + std::to_string(o.context) + " out of range");
   chunk_ = std::clamp<int64_t>(o.max_chunk, 1, context_);
@@ -199,7 +241,20 @@ CudaBackend::CudaBackend(const ModelWeights& w, const CudaOptions& o) : w_(w), c
     d.hc_attn = dev_.take(L.hc_attn, M, width);
     d.hc_ffn = dev_.take(L.hc_ffn, M, width);
     layers_.push_back(std::move(d));
+    std::vector<const DeviceWeight*> w1, w3, w2;
+    for (const ExpertW& e : L.ffn.experts) {
+      w1.push_back(&dev_.weight(e.w1));
+      w3.push_back(&dev_.weight(e.w3));
+      w2.push_back(&dev_.weight(e.w2));
+    }
+    try {
+      experts_.emplace(&L.ffn, ExpertTables{gpu::make_expert_table(w1), gpu::make_expert_table(w3), gpu::make_expert_table(w2)});
+    } catch (const Error&) {
+      experts_.clear();  // mixed expert formats: every MoE through the host lists
+      break;
+    }
   }
+  if (experts_.size() != static_cast<size_t>(c.n_layers)) experts_.clear();
 
   // Workspace for chunk_ tokens. Indexer scores: one row per query over every entry the
   // context can hold (CSA).
@@ -238,8 +293,21 @@ CudaBackend::CudaBackend(const ModelWeights& w, const CudaOptions& o) : w_(w), c
   ws_.g = floats(C * I);
   ws_.u = floats(C * I);
   ws_.y = floats(C * D);
+  ws_.sg = floats(StepGraphs::kMaxRows * k * I);
+  ws_.su = floats(StepGraphs::kMaxRows * k * I);
+  ws_.sy = floats(StepGraphs::kMaxRows * k * D);
+  stage_ = gpu::PinnedBuffer(static_cast<size_t>(2 * C) * sizeof(int32_t));
   ws_.logits = floats(C * c.vocab);
   gpu::synchronize();
+}
+
+CudaBackend::~CudaBackend() {
+  gpu::abort_capture(stream_);
+  try {
+    wait();
+    gpu::destroy_stream(stream_);
+  } catch (const Error&) {  // a destructor cannot report; the device is unusable anyway
+  }
 }
 
 DeviceBuffer& CudaBackend::slot(Tmp which, size_t n) {
@@ -275,6 +343,7 @@ SequenceState CudaBackend::new_sequence() const {
   const ModelConfig& c = c_;
   auto seq = std::make_unique<CudaSequence>();
   seq->owner = this;
+  seq->serial = g_next_serial++;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerW& L = w_.layers[l];
     const LayerKind kind = L.kind();
@@ -313,21 +382,42 @@ CudaSequence& CudaBackend::sequence(SequenceState& st) const {
   return *seq;
 }
 
+// Uploads the step's token ids and positions (outside any graph: they change every step), then
+// picks the mode: a decode step of a batch seen before replays its graph, a new one is captured.
 Backend::Step CudaBackend::begin(const StepPlan& plan) {
   if (plan.stack != Stack::Main) throw Error("cuda backend: the MTP block is not supported yet", ErrorKind::Unsupported);
-  DSV4_CHECK(plan.seqs.size() == 1);  // batched() is false
-  SequenceState& st = *plan.seqs[0].st;
-  const int32_t* tokens = plan.tokens.data();
+  if (mode_ == StepGraphs::Mode::Capture) gpu::abort_capture(stream_);  // the last step threw mid-capture
+  mode_ = StepGraphs::Mode::Eager;
+  ops_ = 0;
   const int64_t T = plan.T();
-  sequence(st);
   DSV4_CHECK(T <= chunk_);  // max_rows()
-  if (st.pos + T > context_)
-    throw Error("cuda backend: position " + std::to_string(st.pos + T - 1) + " is past its context limit of " +
-                std::to_string(context_) + " tokens (set at load: --context)", ErrorKind::ResourceExhausted);
-  pos_h_.resize(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) pos_h_[t] = static_cast<int32_t>(st.pos + t);
-  ws_.tokens.upload(tokens, static_cast<size_t>(T) * sizeof(int32_t));
-  ws_.pos.upload(pos_h_.data(), static_cast<size_t>(T) * sizeof(int32_t));
+  bool decode = use_graphs_ && T <= StepGraphs::kMaxRows;
+  std::vector<uint64_t> key = {plan.ids_only ? 1u : 0u};  // the step's tail: argmax or logits
+  for (const StepSeq& q : plan.seqs) {
+    const CudaSequence& seq = sequence(*q.st);
+    if (q.p0 + q.n > context_)
+      throw Error("cuda backend: position " + std::to_string(q.p0 + q.n - 1) + " is past its context limit of " +
+                  std::to_string(context_) + " tokens (set at load: --context)", ErrorKind::ResourceExhausted);
+    decode = decode && q.n == 1;
+    key.push_back(seq.serial);
+  }
+  wait();  // the staging buffer may still feed the last step's copies
+  int32_t* h = stage_.as<int32_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    h[t] = plan.tokens[t];
+    h[chunk_ + t] = static_cast<int32_t>(plan.pos[t]);
+  }
+  gpu::copy_async(ws_.tokens.get(), h, static_cast<size_t>(T) * sizeof(int32_t), stream_);
+  gpu::copy_async(ws_.pos.get(), h + chunk_, static_cast<size_t>(T) * sizeof(int32_t), stream_);
+  if (decode) {
+    if (graphs_.find(key)) {
+      mode_ = StepGraphs::Mode::Replay;
+    } else {
+      key_ = std::move(key);
+      gpu::begin_capture(stream_);
+      mode_ = StepGraphs::Mode::Capture;
+    }
+  }
   Step s;
   s.plan = &plan;
   s.T = T;
@@ -336,43 +426,61 @@ Backend::Step CudaBackend::begin(const StepPlan& plan) {
   s.post = ws_.post.as<float>();
   s.comb = ws_.comb.as<float>();
   s.f = ws_.f.as<float>();
-  gpu::embed(dev_.weight(w_.embed).view(), ws_.tokens.as<int32_t>(), T, c_.hc, s.X);
+  if (!replaying()) gpu::embed(dev_.weight(w_.embed).view(), ws_.tokens.as<int32_t>(), T, c_.hc, s.X, stream_);
   return s;
 }
 
+void CudaBackend::flush() {
+  if (mode_ == StepGraphs::Mode::Eager) return;
+  const bool captured = mode_ == StepGraphs::Mode::Capture;
+  mode_ = StepGraphs::Mode::Eager;  // end_capture may throw: the capture is over either way
+  if (captured) {
+    graphs_.add(std::move(key_), gpu::end_capture(stream_), ops_);
+  } else {
+    DSV4_CHECK_MSG(ops_ == graphs_.front_ops(), "a replayed decode step called " + std::to_string(ops_) +
+                                                    " ops where its capture called " + std::to_string(graphs_.front_ops()));
+  }
+  graphs_.front().launch(stream_);  // find / add leave the step's graph in front
+}
+
 void CudaBackend::hc_pre(int64_t l, Sub sub, Step& s) {
+  if (replaying()) return;
   const DevLayer& L = layers_[l];
   gpu::hc_pre(sub == Sub::Attn ? L.hc_attn : L.hc_ffn, s.X, s.T, c_.hc, c_.dim, static_cast<int>(c_.sinkhorn_iters), c_.eps,
-              c_.hc_eps, ws_.mixes.as<float>(), s.x, s.post, s.comb);
+              c_.hc_eps, ws_.mixes.as<float>(), s.x, s.post, s.comb, stream_);
 }
 
 void CudaBackend::matmul(Step&, const Matmul& m) {
+  if (replaying()) return;
   const DeviceWeight& w = dev_.weight(*m.w);
   const int64_t r1 = m.r1 < 0 ? w.rows : m.r1;
-  gpu::qmatmul(w.view(), m.r0, r1, m.x, m.ldx < 0 ? w.cols : m.ldx, m.T, m.y, m.ldy < 0 ? r1 - m.r0 : m.ldy);
+  gpu::qmatmul(w.view(), m.r0, r1, m.x, m.ldx < 0 ? w.cols : m.ldx, m.T, m.y, m.ldy < 0 ? r1 - m.r0 : m.ldy, stream_);
 }
 
 void CudaBackend::rmsnorm(Step&, const RmsNorm& n) {
-  gpu::rmsnorm(n.x, n.dim, n.weight ? dev_.data(*n.weight) : nullptr, n.rows, n.dim, n.eps, n.x, n.dim);
+  if (replaying()) return;
+  gpu::rmsnorm(n.x, n.dim, n.weight ? dev_.data(*n.weight) : nullptr, n.rows, n.dim, n.eps, n.x, n.dim, stream_);
 }
 
 // All T * heads vectors at once, stage after stage.
 void CudaBackend::vec_ops(Step& s, const VecOps& v) {
+  if (replaying()) return;
   const int64_t N = s.T * v.heads, r = c_.rope_dim;
-  if (v.norm == VecNorm::Rms) gpu::rmsnorm(v.v, v.dim, v.weight ? dev_.data(*v.weight) : nullptr, N, v.dim, v.eps, v.v, v.dim);
+  if (v.norm == VecNorm::Rms) gpu::rmsnorm(v.v, v.dim, v.weight ? dev_.data(*v.weight) : nullptr, N, v.dim, v.eps, v.v, v.dim, stream_);
   if (v.rope != RopeDir::None)
     gpu::rope(v.v, N, v.dim, v.dim, layers_[v.layer].freq.as<float>(), r, ws_.pos.as<int32_t>(), v.heads,
-              v.rope == RopeDir::Inverse);
-  if (v.sim == QuantSim::Fp8) gpu::fp8sim_rows(v.v, N, v.dim - r, v.dim, 64);
+              v.rope == RopeDir::Inverse, stream_);
+  if (v.sim == QuantSim::Fp8) gpu::fp8sim_rows(v.v, N, v.dim - r, v.dim, 64, stream_);
   if (v.sim == QuantSim::HadamardFp4) {
-    gpu::hadamard_rows(v.v, N, v.dim, v.dim);
-    gpu::fp4sim_rows(v.v, N, v.dim, v.dim, 32);
+    gpu::hadamard_rows(v.v, N, v.dim, v.dim, stream_);
+    gpu::fp4sim_rows(v.v, N, v.dim, v.dim, 32, stream_);
   }
 }
 
 // compress_feed of backends/cpu/compressor.cpp: gpu::compress pools, norms, ropes and quantises
 // the closing blocks and writes their entries in place.
 void CudaBackend::compress(Step&, const CompressFeed& f) {
+  if (replaying()) return;
   const LayerW& L = w_.layers[f.layer];
   const StepSeq& q = *f.seq;
   DevLayerState& S = sequence(*q.st).layers[f.layer];
@@ -397,27 +505,30 @@ void CudaBackend::compress(Step&, const CompressFeed& f) {
   k.entry_stride = static_cast<int64_t>(index ? ikb_ : kvb_);
   k.capacity = context_ / L.ratio;
   k.freq = layers_[f.layer].freq.as<float>();
-  gpu::compress(k);
+  gpu::compress(k, stream_);
 }
 
-// Scores over the entries closed by the sequence's last position, top-k per query.
+// Scores over the entries visible to each query, top-k per query.
 void CudaBackend::index_topk(Step&, const IndexTopk& k) {
+  if (replaying()) return;
   const ModelConfig& c = c_;
   const StepSeq& q = *k.seq;
   DevLayerState& S = sequence(*q.st).layers[k.layer];
   const int64_t HI = c.index_heads, dI = c.index_dim, ratio = w_.layers[k.layer].ratio, K = c.index_topk;
-  const int64_t n_ent = (q.p0 + q.n) / ratio;
-  if (n_ent == 0) return;  // no query sees an entry; attend takes no selection then
+  // Every entry the context can hold: the kernels derive each query's visible count from its
+  // position (device), so the launch does not depend on the step (a graph replays it).
+  const int64_t cap = context_ / ratio;
   const int32_t* pos = ws_.pos.as<int32_t>() + q.t0;
   gpu::indexer_scores(k.q + q.t0 * HI * dI, k.w + q.t0 * HI, q.n, HI, dI, S.index_keys.as<uint8_t>(), static_cast<int64_t>(ikb_),
-                      pos, ratio, n_ent, ws_.scores.as<float>(), n_ent, ws_.n_vis.as<int32_t>());
-  gpu::topk_rows(ws_.scores.as<float>(), q.n, n_ent, n_ent, ws_.n_vis.as<int32_t>(), K, k.sel + q.t0 * K, k.sel_n + q.t0);
+                      pos, ratio, cap, ws_.scores.as<float>(), cap, ws_.n_vis.as<int32_t>(), stream_);
+  gpu::topk_rows(ws_.scores.as<float>(), q.n, cap, cap, ws_.n_vis.as<int32_t>(), K, k.sel + q.t0 * K, k.sel_n + q.t0, stream_);
 }
 
 // Where the CPU decodes cached vectors and gathers keys per query, gpu::sparse_attention reads
 // the compact caches directly, in the same key order (window, then the entries: CSA in each
 // query's indexer top-k order).
 void CudaBackend::attend(Step&, const Attend& at) {
+  if (replaying()) return;
   const ModelConfig& c = c_;
   const LayerW& L = w_.layers[at.layer];
   const StepSeq& q = *at.seq;
@@ -428,7 +539,7 @@ void CudaBackend::attend(Step&, const Attend& at) {
 
   // This chunk's keys in the cache encoding (exact on fp8sim'd vectors, so the values equal the
   // CPU's floats), the ring for earlier window positions, the entries.
-  gpu::kv_encode(kv, T, d, d, r, ws_.chunk_kv.as<uint8_t>(), static_cast<int64_t>(kvb_));
+  gpu::kv_encode(kv, T, d, d, r, ws_.chunk_kv.as<uint8_t>(), static_cast<int64_t>(kvb_), stream_);
   gpu::SparseAttention a;
   a.q = at.q + q.t0 * H * d;
   a.T = T;
@@ -441,7 +552,7 @@ void CudaBackend::attend(Step&, const Attend& at) {
   a.window = W;
   a.ratio = ratio;
   a.entries = L.kind() != LayerKind::Window ? S.entries.as<uint8_t>() : nullptr;
-  if (at.sel && (q.p0 + T) / ratio > 0) {  // else no query sees an entry (index_topk wrote nothing)
+  if (at.sel) {  // a query that sees no entry has sel_n 0
     a.sel = at.sel + q.t0 * c.index_topk;
     a.sel_n = at.sel_n + q.t0;
     a.ld_sel = c.index_topk;
@@ -450,9 +561,9 @@ void CudaBackend::attend(Step&, const Attend& at) {
   a.sink = dev_.data(L.attn.sink);
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   a.out = at.out + q.t0 * H * d;
-  gpu::sparse_attention(a);
+  gpu::sparse_attention(a, stream_);
   // The window ring keeps the last W positions for later chunks.
-  gpu::kv_encode_ring(kv, T, d, d, r, pos, W, S.ring.as<uint8_t>(), static_cast<int64_t>(kvb_));
+  gpu::kv_encode_ring(kv, T, d, d, r, pos, W, S.ring.as<uint8_t>(), static_cast<int64_t>(kvb_), stream_);
 }
 
 // Routing on the device; the expert ids and weights come to the host (one synchronisation per
@@ -463,8 +574,10 @@ void CudaBackend::route(Step& s, const Route& r) {
   const bool hash = r.by == RouteBy::Hash;
   const float* bias = hash ? nullptr : dev_.data(r.w->bias);
   const int32_t* table = hash ? dev_.data(r.w->tid2eid) : nullptr;
+  DSV4_CHECK(mode_ == StepGraphs::Mode::Eager);  // a graph step routes on the device (moe_on_device)
   gpu::route(r.logits, s.T, c.n_experts, c.n_active, bias, table, ws_.tokens.as<int32_t>(), c.route_scale, ws_.ids.as<int32_t>(),
-             ws_.wts.as<float>());
+             ws_.wts.as<float>(), stream_);
+  wait();  // the downloads below are on the legacy stream
   ws_.ids.download(r.ids, static_cast<size_t>(Tk) * sizeof(int32_t));
   ws_.wts.download(r.weights, static_cast<size_t>(Tk) * sizeof(float));
 }
@@ -478,29 +591,71 @@ RowList CudaBackend::dispatch(Step&, const std::vector<int32_t>& rows, const std
 
 void CudaBackend::zero_f(Step& s) {
   DSV4_CHECK(s.f == ws_.f.as<float>());
-  ws_.f.fill_zero();
+  if (!replaying()) gpu::zero_async(ws_.f.get(), ws_.f.bytes(), stream_);
 }
 
-// One sequence per step: the rows asked for are its last row or all of its rows, contiguous.
-static int64_t first_of_contiguous(const std::vector<int64_t>& rows) {
-  for (size_t i = 0; i < rows.size(); ++i) DSV4_CHECK(rows[i] == rows[0] + static_cast<int64_t>(i));
-  return rows.empty() ? 0 : rows[0];
+// model/moe_layer.cpp's routed experts with the routing kept on the device: each (row, slot)
+// through its expert (qmatmul_experts: the decode kernel's order, so the same floats as the
+// expert loop over gathered rows), weighted by swiglu, added per row in ascending expert id.
+void CudaBackend::routed_experts(Step& s, const RoutedExperts& r) {
+  if (replaying()) return;
+  const ModelConfig& c = c_;
+  const int64_t T = s.T, k = c.n_active, Tk = T * k, D = c.dim, I = c.moe_inter;
+  DSV4_CHECK(T <= StepGraphs::kMaxRows);
+  const bool hash = r.by == RouteBy::Hash;
+  const float* bias = hash ? nullptr : dev_.data(r.w->bias);
+  const int32_t* table = hash ? dev_.data(r.w->tid2eid) : nullptr;
+  int32_t* ids = ws_.ids.as<int32_t>();
+  float* wts = ws_.wts.as<float>();
+  gpu::route(r.logits, T, c.n_experts, k, bias, table, ws_.tokens.as<int32_t>(), c.route_scale, ids, wts, stream_);
+  const auto it = experts_.find(r.w);
+  DSV4_CHECK(it != experts_.end());
+  float *g = ws_.sg.as<float>(), *u = ws_.su.as<float>(), *y = ws_.sy.as<float>();
+  gpu::qmatmul_experts(it->second.w1.table, ids, Tk, s.x, D, k, g, I, stream_);
+  gpu::qmatmul_experts(it->second.w3.table, ids, Tk, s.x, D, k, u, I, stream_);
+  gpu::swiglu_clamped(g, I, u, I, Tk, I, static_cast<float>(c.swiglu_limit), wts, stream_);
+  gpu::qmatmul_experts(it->second.w2.table, ids, Tk, g, I, 1, y, D, stream_);
+  gpu::moe_combine(y, ids, T, k, D, s.f, stream_);
 }
 
 void CudaBackend::read_hidden(Step& s, const std::vector<int64_t>& rows, float* out) {
+  flush();
+  wait();
   const size_t row = static_cast<size_t>(c_.hc * c_.dim) * sizeof(float);
-  ws_.X.download(out, rows.size() * row, static_cast<size_t>(first_of_contiguous(rows)) * row);
+  for (size_t i = 0; i < rows.size(); ++i) ws_.X.download(out + i * row / sizeof(float), row, static_cast<size_t>(rows[i]) * row);
 }
 
+// x[i] = hc_head(X[rows[i]]): one launch per run of consecutive rows (a decode batch is one run).
 void CudaBackend::hc_head(Stack stack, Step& s, const std::vector<int64_t>& rows) {
   DSV4_CHECK(stack == Stack::Main);  // begin() refuses MTP steps
-  const int64_t t0 = first_of_contiguous(rows), n = static_cast<int64_t>(rows.size());
-  gpu::hc_head(head_mix_, s.X + t0 * c_.hc * c_.dim, n, c_.hc, c_.dim, c_.eps, c_.hc_eps, ws_.mixes.as<float>(), s.x);
+  if (replaying()) return;
+  const int64_t HD = c_.hc * c_.dim;
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+    gpu::hc_head(head_mix_, s.X + rows[i] * HD, static_cast<int64_t>(j - i), c_.hc, c_.dim, c_.eps, c_.hc_eps,
+                 ws_.mixes.as<float>(), s.x + static_cast<int64_t>(i) * c_.dim, stream_);
+    i = j;
+  }
 }
 
 void CudaBackend::logits(Step& s, int64_t n, float* out) {
-  gpu::qmatmul(dev_.weight(w_.head), s.x, n, ws_.logits.as<float>());
+  if (!replaying()) gpu::qmatmul(dev_.weight(w_.head), s.x, n, ws_.logits.as<float>(), stream_);
+  flush();
+  wait();  // the download is on the legacy stream
   ws_.logits.download(out, static_cast<size_t>(n * c_.vocab) * sizeof(float));
+}
+
+// The head and argmax_rows on the device (in the step's graph); only n ids come back.
+void CudaBackend::argmax(Step& s, int64_t n, int64_t vocab, int32_t* out) {
+  DSV4_CHECK(vocab == c_.vocab);
+  if (!replaying()) {
+    gpu::qmatmul(dev_.weight(w_.head), s.x, n, ws_.logits.as<float>(), stream_);
+    gpu::argmax_rows(ws_.logits.as<float>(), n, vocab, vocab, ws_.idx.as<int32_t>(), stream_);
+  }
+  flush();
+  wait();
+  ws_.idx.download(out, static_cast<size_t>(n) * sizeof(int32_t));
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ namespace dsv4 {
 struct CudaOptions {
   int64_t context = 4096;   // positions a sequence may hold
   int64_t max_chunk = 512;  // tokens per step (capped at context)
+  bool graphs = true;       // decode steps as CUDA graphs (backends/cuda/step_graphs.h); false: eager
 };
 
 std::unique_ptr<Backend> make_cuda_backend(const ModelWeights& w, const CudaOptions& o);

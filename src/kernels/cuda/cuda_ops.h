@@ -26,7 +26,8 @@
 
 #include "core/weight.h"
 
-struct CUstream_st;  // cudaStream_t is CUstream_st*
+struct CUstream_st;      // cudaStream_t is CUstream_st*
+struct CUgraphExec_st;  // cudaGraphExec_t is CUgraphExec_st*
 
 namespace dsv4::gpu {
 
@@ -87,6 +88,60 @@ std::vector<T> to_host(const DeviceBuffer& b, size_t count) {
   if (count) b.download(v.data(), count * sizeof(T));
   return v;
 }
+
+// ================================================================ graphs (graph.cu)
+
+// Page-locked host memory (cudaMallocHost / cudaFreeHost), move-only: the host side of copies a
+// graph may replay (a captured copy from pageable memory is refused by CUDA).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& o) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Stream-ordered copy of n bytes (either side device or pinned host; cudaMemcpyDefault) and
+// memset 0. Return without waiting.
+void copy_async(void* dst, const void* src, size_t n, Stream stream);
+void zero_async(void* dst, size_t n, Stream stream);
+
+// An instantiated CUDA graph (cudaGraphExec_t), move-only.
+class Graph {
+ public:
+  Graph() = default;
+  explicit Graph(CUgraphExec_st* exec) : exec_(exec) {}
+  ~Graph();
+  Graph(Graph&& o) noexcept : exec_(o.exec_) { o.exec_ = nullptr; }
+  Graph& operator=(Graph&& o) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  bool empty() const { return exec_ == nullptr; }
+  void launch(Stream stream) const;  // replays every captured node on `stream`, in order
+
+ private:
+  CUgraphExec_st* exec_ = nullptr;
+};
+
+// Work enqueued on `stream` (a created stream, not the legacy one) between begin_capture and
+// end_capture is recorded instead of run; end_capture instantiates it. A forbidden call inside
+// (allocation, synchronisation, pageable copy) throws there and makes end_capture throw.
+// abort_capture ends a capture left open by an exception (no-op otherwise).
+void begin_capture(Stream stream);
+Graph end_capture(Stream stream);
+void abort_capture(Stream stream);
 
 // ================================================================ weights
 
@@ -194,6 +249,34 @@ void scale(float* x, int64_t n, float s, Stream stream = nullptr);
 // out[r] = index of the largest of x[r*ld .. r*ld + n) (the first one on ties, as the greedy
 // sampler's std::max_element). One block per row. NaNs are never chosen unless all are NaN.
 void argmax_rows(const float* x, int64_t rows, int64_t n, int64_t ld, int32_t* out, Stream stream = nullptr);
+
+// ================================================================ MoE on the device (moe.cu)
+// A decode step's routed experts with no host read of the routing: route() writes ids [T, k] and
+// weights on the device, qmatmul_experts runs each (token, slot) through its expert's matrix,
+// swiglu_clamped scales each slot by its weight, moe_combine adds the slots per token.
+
+// One kind of matrix (w1, w3 or w2) of a layer's routed experts: a device array of their views,
+// all of one format and shape.
+struct ExpertTable {
+  const WeightView* views = nullptr;  // device [count]
+  int64_t count = 0, rows = 0, cols = 0;
+  WFormat fmt = WFormat::F32;
+};
+struct DeviceExpertTable {
+  DeviceBuffer views;
+  ExpertTable table;
+};
+// Throws when the experts differ in format or shape.
+DeviceExpertTable make_expert_table(const std::vector<const DeviceWeight*>& experts);
+
+// y[s * ldy + r] = table[ids[s]][r, :] . x[(s / x_div) * ldx ..] for slots s < slots (ids device):
+// the decode kernel's canonical order, so each output equals qmatmul's bit for bit.
+void qmatmul_experts(const ExpertTable& t, const int32_t* ids, int64_t slots, const float* x, int64_t ldx, int64_t x_div,
+                     float* y, int64_t ldy, Stream stream = nullptr);
+// f[t, :] = 0 + y[t*k + j0, :] + y[t*k + j1, :] + ... with the slots j in ascending ids[t*k + j]
+// (ties by slot): the CPU's zero_f + scatter_add per expert in ascending id, bit for bit.
+// y [T*k, D], f [T, D].
+void moe_combine(const float* y, const int32_t* ids, int64_t T, int64_t k, int64_t D, float* f, Stream stream = nullptr);
 
 // ================================================================ mHC (model/mhc.h, forward.cpp hc_head)
 

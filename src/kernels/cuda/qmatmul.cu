@@ -89,9 +89,11 @@ constexpr int kGemvRows = 2;  // rows per warp
 // Block: 4 warps x R rows. Tokens in groups of NT; per group, the columns in tiles of KT whose x
 // values (NT x KT floats = 16 KiB) are staged in shared memory. Lane l handles tile group l, l+32,
 // ... — since KT/4 is a multiple of 32, that is global group g with g % 32 == l, ascending.
+// The body of one block (row block `rb` of [r0, r1)): shared by qgemv_kernel and the per-slot
+// expert kernel (qgemv_experts_kernel), so both follow the canonical order bit for bit.
 template <WFormat F, int NT>
-__global__ void __launch_bounds__(kGemvWarps * 32) qgemv_kernel(WeightView w, int64_t r0, int64_t r1, const float* __restrict__ x,
-                                                            int64_t ldx, int64_t T, float* __restrict__ y, int64_t ldy) {
+__device__ __forceinline__ void qgemv_block(const WeightView& w, int64_t r0, int64_t r1, const float* __restrict__ x,
+                                            int64_t ldx, int64_t T, float* __restrict__ y, int64_t ldy, int64_t rb) {
   constexpr int R = kGemvRows;
   constexpr int KT = 4096 / NT;  // columns per tile, a multiple of 128
   static_assert(KT % 128 == 0, "tile must hold whole rounds of 32 groups");
@@ -99,7 +101,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) qgemv_kernel(WeightView w, in
   float* xsf = reinterpret_cast<float*>(xs);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t row0 = r0 + (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * R;
+  const int64_t row0 = r0 + (rb * kGemvWarps + warp) * R;
   const int64_t cols = w.cols;
   bool live[R];
 #pragma unroll
@@ -150,6 +152,23 @@ __global__ void __launch_bounds__(kGemvWarps * 32) qgemv_kernel(WeightView w, in
         if (lane == ((i * NT + t) & 31) && live[i] && t < nt) y[(t0 + t) * ldy + (row0 + i - r0)] = v;
       }
   }
+}
+
+template <WFormat F, int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32) qgemv_kernel(WeightView w, int64_t r0, int64_t r1, const float* __restrict__ x,
+                                                            int64_t ldx, int64_t T, float* __restrict__ y, int64_t ldy) {
+  qgemv_block<F, NT>(w, r0, r1, x, ldx, T, y, ldy, blockIdx.x);
+}
+
+// Slot s = blockIdx.y: y[s * ldy ..] = table[ids[s]] . x[(s / x_div) * ldx ..], one token. The
+// weight is chosen on the device (the MoE's routed experts: no host read of the routing).
+template <WFormat F>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    qgemv_experts_kernel(const WeightView* __restrict__ table, const int32_t* __restrict__ ids, const float* __restrict__ x,
+                         int64_t ldx, int64_t x_div, float* __restrict__ y, int64_t ldy) {
+  const int64_t slot = blockIdx.y;
+  const WeightView w = table[ids[slot]];
+  qgemv_block<F, 1>(w, 0, w.rows, x + (slot / x_div) * ldx, ldx, 1, y + slot * ldy, ldy, blockIdx.x);
 }
 
 // ---------------------------------------------------------------- tiled kernel
@@ -239,7 +258,32 @@ void launch(const WeightView& w, int64_t r0, int64_t r1, const float* x, int64_t
   }
 }
 
+template <WFormat F>
+void launch_experts(const ExpertTable& t, const int32_t* ids, int64_t slots, const float* x, int64_t ldx, int64_t x_div,
+                    float* y, int64_t ldy, Stream s) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(t.rows, kGemvWarps * kGemvRows)), static_cast<unsigned>(slots));
+  DSV4_LAUNCH(grid, kGemvWarps * 32, 0, s, qgemv_experts_kernel<F>)(t.views, ids, x, ldx, x_div, y, ldy);
+  DSV4_CUDA_LAUNCHED("qgemv_experts_kernel");
+}
+
 }  // namespace
+
+void qmatmul_experts(const ExpertTable& t, const int32_t* ids, int64_t slots, const float* x, int64_t ldx, int64_t x_div,
+                     float* y, int64_t ldy, Stream stream) {
+  const char* op = "qmatmul_experts";
+  if (!t.views || t.count <= 0) bad_arg(op, "empty expert table");
+  if (x_div < 1 || ldx < t.cols || ldy < t.rows) bad_arg(op, "bad strides");
+  if (slots > 65535) bad_arg(op, "too many slots for one launch");
+  if (slots <= 0 || t.rows == 0) return;
+  switch (t.fmt) {
+    case WFormat::F32: return launch_experts<WFormat::F32>(t, ids, slots, x, ldx, x_div, y, ldy, stream);
+    case WFormat::BF16: return launch_experts<WFormat::BF16>(t, ids, slots, x, ldx, x_div, y, ldy, stream);
+    case WFormat::F16: return launch_experts<WFormat::F16>(t, ids, slots, x, ldx, x_div, y, ldy, stream);
+    case WFormat::FP8Block: return launch_experts<WFormat::FP8Block>(t, ids, slots, x, ldx, x_div, y, ldy, stream);
+    case WFormat::MXFP4: return launch_experts<WFormat::MXFP4>(t, ids, slots, x, ldx, x_div, y, ldy, stream);
+    case WFormat::NVFP4: return launch_experts<WFormat::NVFP4>(t, ids, slots, x, ldx, x_div, y, ldy, stream);
+  }
+}
 
 void set_qmatmul_gemv_max_tokens(int t) { g_gemv_max.store(t < 0 ? 16 : t); }
 int qmatmul_gemv_max_tokens() { return g_gemv_max.load(); }

@@ -16,6 +16,7 @@ struct Stats {
   uint64_t switches = 0;          // fiber context switches
   uint64_t syncthreads = 0;       // __syncthreads barriers released (once per block barrier)
   uint64_t warp_collectives = 0;  // warp collectives released (shuffles, __syncwarp, votes; once per warp)
+  uint64_t graph_launches = 0;    // cudaGraphLaunch calls that ran (their kernels count in `launches`)
 };
 
 Stats stats();

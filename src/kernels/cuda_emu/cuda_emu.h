@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -73,9 +74,14 @@ enum cudaError_t {
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalState = 401,
   cudaErrorIllegalAddress = 700,
   cudaErrorLaunchOutOfResources = 701,
   cudaErrorLaunchFailure = 719,
+  cudaErrorStreamCaptureUnsupported = 900,  // the call is not permitted while a stream captures
+  cudaErrorStreamCaptureInvalidated = 901,  // an earlier error broke this capture
+  cudaErrorStreamCaptureUnmatched = 903,    // EndCapture on a stream that does not capture
+  cudaErrorStreamCaptureImplicit = 906,     // legacy-stream work would join a capturing blocking stream
 };
 using cudaError = cudaError_t;
 
@@ -138,6 +144,38 @@ cudaError_t cudaStreamCreate(cudaStream_t* s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+
+// Pinned host memory: the only host memory a captured copy may use (graph.cpp).
+cudaError_t cudaMallocHost(void** ptr, size_t bytes);
+template <class T>
+cudaError_t cudaMallocHost(T** ptr, size_t bytes) {
+  return cudaMallocHost(reinterpret_cast<void**>(ptr), bytes);
+}
+cudaError_t cudaFreeHost(void* ptr);
+
+// Stream capture and graphs (graph.cpp): work enqueued on a capturing stream is recorded, not
+// run; a graph replays it in order with the arguments it was captured with.
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
+struct CUgraph_st;
+struct CUgraphExec_st;
+using cudaGraph_t = CUgraph_st*;
+using cudaGraphExec_t = CUgraphExec_st*;
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 
 namespace dsv4::emu {
 cudaError_t func_set_attribute(const void* fn, cudaFuncAttribute attr, int value);
@@ -290,10 +328,12 @@ struct LaunchConfig {
   cudaStream_t stream;
 };
 
-// Runs `run(call)` once per CUDA thread of every block (scheduler.cpp). `pointers[0..n)` are the
-// kernel's pointer arguments, checked to point into device allocations (or be null).
-void launch(const LaunchConfig& cfg, void (*run)(const void* call), const void* call, const void* const* pointers,
-            int n_pointers);
+// Runs `run(call)` once per CUDA thread of every block (scheduler.cpp), or, on a capturing
+// stream, records it for graph replay (graph.cpp; `call` holds the arguments by value, so the
+// record keeps it alive). `pointers[0..n)` are the kernel's pointer arguments, checked to point
+// into device allocations (or be null).
+void launch(const LaunchConfig& cfg, void (*run)(const void* call), std::shared_ptr<const void> call,
+            const void* const* pointers, int n_pointers);
 
 // kernel(args...) as one object: the arguments converted to the kernel's parameter types once,
 // as the <<<>>> call does; every CUDA thread gets its own copies (by-value parameters).
@@ -306,11 +346,11 @@ class Launcher {
   template <class... A>
   void operator()(A&&... args) const {
     static_assert(sizeof...(A) == sizeof...(P), "wrong number of kernel arguments");
-    const Call call{fn_, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+    auto call = std::make_shared<const Call>(Call{fn_, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)});
     const void* ptrs[sizeof...(P) + 1] = {};
     int n = 0;
-    collect(call.args, ptrs, n, std::index_sequence_for<P...>{});
-    launch(cfg_, &run, &call, ptrs, n);
+    collect(call->args, ptrs, n, std::index_sequence_for<P...>{});
+    launch(cfg_, &run, std::move(call), ptrs, n);
   }
 
  private:

@@ -16,10 +16,6 @@
 
 #include "kernels/cuda_emu/internal.h"
 
-struct CUstream_st {
-  unsigned int flags;
-};
-
 namespace dsv4::emu {
 namespace {
 
@@ -49,14 +45,16 @@ std::map<uintptr_t, size_t>::const_iterator find_alloc(const void* p, size_t n) 
   return it;
 }
 
-bool device_range(const void* p, size_t n) { return find_alloc(p, n) != g_allocs.end(); }
-
 // Start of every call that needs the device: the hidden device, then a pending sticky error.
 cudaError_t enter() {
   if (hidden()) return record(cudaErrorNoDevice);
   if (g_sticky) return record(g_sticky);
   return cudaSuccess;
 }
+
+}  // namespace
+
+bool device_range(const void* p, size_t n) { return find_alloc(p, n) != g_allocs.end(); }
 
 // Both ends of a copy: the device side(s) must lie inside one allocation.
 bool copy_ok(void* dst, const void* src, size_t dst_n, size_t src_n, cudaMemcpyKind kind) {
@@ -69,6 +67,8 @@ bool copy_ok(void* dst, const void* src, size_t dst_n, size_t src_n, cudaMemcpyK
   }
   return false;
 }
+
+namespace {
 
 struct AtExit {
   ~AtExit() {
@@ -151,10 +151,11 @@ std::string format_stats(const Stats& s) {
   char buf[320];
   std::snprintf(buf, sizeof buf,
                 "cuda-emu: %llu launches, %llu blocks, %.2f M threads, %.1f M switches, %llu block barriers, "
-                "%.2f M warp collectives",
+                "%.2f M warp collectives, %llu graph launches",
                 static_cast<unsigned long long>(s.launches), static_cast<unsigned long long>(s.blocks),
                 static_cast<double>(s.threads) / 1e6, static_cast<double>(s.switches) / 1e6,
-                static_cast<unsigned long long>(s.syncthreads), static_cast<double>(s.warp_collectives) / 1e6);
+                static_cast<unsigned long long>(s.syncthreads), static_cast<double>(s.warp_collectives) / 1e6,
+                static_cast<unsigned long long>(s.graph_launches));
   return buf;
 }
 
@@ -224,7 +225,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 
 cudaError_t cudaDeviceSynchronize() {
   std::lock_guard<std::mutex> lock(device_mutex());
-  return enter();
+  if (const cudaError_t e = enter()) return e;
+  return forbidden_during_capture(Unsafe::Sync);
 }
 
 cudaError_t cudaDeviceReset() {
@@ -258,6 +260,11 @@ const char* cudaGetErrorName(cudaError_t err) {
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
@@ -276,6 +283,11 @@ const char* cudaGetErrorString(cudaError_t err) {
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
@@ -288,6 +300,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (!ptr) return record(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (const cudaError_t e = enter()) return e;
+  if (const cudaError_t e = forbidden_during_capture(Unsafe::Alloc)) return e;
   if (bytes == 0) return cudaSuccess;
   if (bytes > kDeviceMemory - g_allocated) return record(cudaErrorMemoryAllocation);
   void* p = nullptr;
@@ -302,6 +315,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 cudaError_t cudaFree(void* ptr) {
   std::lock_guard<std::mutex> lock(device_mutex());
   if (const cudaError_t e = enter()) return e;
+  if (const cudaError_t e = forbidden_during_capture(Unsafe::Alloc)) return e;
   if (!ptr) return cudaSuccess;
   const auto it = g_allocs.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == g_allocs.end()) return record(cudaErrorInvalidValue);
@@ -311,27 +325,34 @@ cudaError_t cudaFree(void* ptr) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+// The copy of cudaMemcpy / cudaMemcpyAsync on stream s (synchronous: a synchronisation too).
+static cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t s, bool sync) {
   std::lock_guard<std::mutex> lock(device_mutex());
   if (const cudaError_t e = enter()) return e;
+  if (!valid_stream(s)) return record(cudaErrorInvalidResourceHandle);
+  if (sync)
+    if (const cudaError_t e = forbidden_during_capture(Unsafe::Sync)) return e;
   if (n == 0) return cudaSuccess;
   if (!dst || !src || !copy_ok(dst, src, n, n, kind)) return record(cudaErrorInvalidValue);
+  if (capturing(s)) return capture_node(s, CopyNode{dst, src, n, kind});
+  if (const cudaError_t e = legacy_stream_work(s)) return e;
   std::memmove(dst, src, n);
   return cudaSuccess;
 }
 
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  return copy(dst, src, n, kind, nullptr, true);
+}
+
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
-  {
-    std::lock_guard<std::mutex> lock(device_mutex());
-    if (!valid_stream(s)) return record(cudaErrorInvalidResourceHandle);
-  }
-  return cudaMemcpy(dst, src, n, kind);
+  return copy(dst, src, n, kind, s, false);
 }
 
 cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
                          cudaMemcpyKind kind) {
   std::lock_guard<std::mutex> lock(device_mutex());
   if (const cudaError_t e = enter()) return e;
+  if (const cudaError_t e = forbidden_during_capture(Unsafe::Sync)) return e;
   if (width == 0 || height == 0) return cudaSuccess;
   if (width > dpitch || width > spitch) return record(cudaErrorInvalidPitchValue);
   const size_t dn = dpitch * (height - 1) + width, sn = spitch * (height - 1) + width;
@@ -341,28 +362,30 @@ cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitc
   return cudaSuccess;
 }
 
-cudaError_t cudaMemset(void* ptr, int value, size_t n) {
+static cudaError_t set(void* ptr, int value, size_t n, cudaStream_t s, bool sync) {
   std::lock_guard<std::mutex> lock(device_mutex());
   if (const cudaError_t e = enter()) return e;
+  if (!valid_stream(s)) return record(cudaErrorInvalidResourceHandle);
+  if (sync)
+    if (const cudaError_t e = forbidden_during_capture(Unsafe::Sync)) return e;
   if (n == 0) return cudaSuccess;
   if (!device_range(ptr, n)) return record(cudaErrorInvalidValue);
+  if (capturing(s)) return capture_node(s, SetNode{ptr, value, n});
+  if (const cudaError_t e = legacy_stream_work(s)) return e;
   std::memset(ptr, value, n);
   return cudaSuccess;
 }
 
-cudaError_t cudaMemsetAsync(void* ptr, int value, size_t n, cudaStream_t s) {
-  {
-    std::lock_guard<std::mutex> lock(device_mutex());
-    if (!valid_stream(s)) return record(cudaErrorInvalidResourceHandle);
-  }
-  return cudaMemset(ptr, value, n);
-}
+cudaError_t cudaMemset(void* ptr, int value, size_t n) { return set(ptr, value, n, nullptr, true); }
+
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t n, cudaStream_t s) { return set(ptr, value, n, s, false); }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   std::lock_guard<std::mutex> lock(device_mutex());
   if (const cudaError_t e = enter()) return e;
   if (!s || flags > cudaStreamNonBlocking) return record(cudaErrorInvalidValue);
-  *s = new CUstream_st{flags};
+  *s = new CUstream_st;
+  (*s)->flags = flags;
   g_streams.insert(*s);
   return cudaSuccess;
 }
@@ -372,7 +395,9 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(device_mutex());
   if (const cudaError_t e = enter()) return e;
-  if (!g_streams.erase(s)) return record(cudaErrorInvalidResourceHandle);
+  if (!g_streams.count(s)) return record(cudaErrorInvalidResourceHandle);
+  if (capturing(s)) return record(cudaErrorIllegalState);  // end the capture first
+  g_streams.erase(s);
   delete s;
   return cudaSuccess;
 }
@@ -380,5 +405,6 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(device_mutex());
   if (const cudaError_t e = enter()) return e;
-  return valid_stream(s) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+  if (!valid_stream(s)) return record(cudaErrorInvalidResourceHandle);
+  return forbidden_during_capture(Unsafe::Sync);
 }

@@ -225,6 +225,16 @@ void switch_to(Fiber* from, Fiber* to, bool from_is_done) {
   }
   g_prev = from;
 #if DSV4_EMU_ASAN
+  if (from_is_done && from != &g_host) {
+    // A finished fiber never returns from this frame or its callers' (fiber_main, yield), so
+    // their redzones would stay poisoned; the next fiber on this stack puts its kernel's locals
+    // there (ASan then reported sincos writing into its own locals). Everything below this frame
+    // has returned, so only the top of the stack needs clearing.
+    char* const top = from->stack_lo + from->stack_size;
+    char* lo = static_cast<char*>(__builtin_frame_address(0)) - 1024;
+    if (lo < from->stack_lo) lo = from->stack_lo;
+    ASAN_UNPOISON_MEMORY_REGION(lo, static_cast<size_t>(top - lo));
+  }
   // Tell ASan which stack we move to; a finished fiber's fake stack can be dropped.
   __sanitizer_start_switch_fiber(from_is_done ? nullptr : &from->asan_fake, to->stack_lo, to->stack_size);
 #endif
@@ -494,8 +504,22 @@ bool reverse() {
   return g_reverse;
 }
 
-void launch(const LaunchConfig& cfg, void (*run)(const void*), const void* call, const void* const* pointers,
-            int n_pointers) {
+bool check_pointers(const LaunchConfig& cfg, const void* const* pointers, int n_pointers) {
+  // Pointer arguments must be device pointers: a host pointer would fault on the GPU.
+  for (int i = 0; i < n_pointers; ++i) {
+    if (pointers[i] && !points_into_device_memory(pointers[i])) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%p", pointers[i]);
+      fail_sticky(cudaErrorIllegalAddress, std::string("launch of ") + cfg.name + ": pointer argument " +
+                                               std::to_string(i) + " (" + buf + ") is not in device memory");
+      return false;
+    }
+  }
+  return true;
+}
+
+void launch(const LaunchConfig& cfg, void (*run)(const void*), std::shared_ptr<const void> call,
+            const void* const* pointers, int n_pointers) {
   std::lock_guard<std::mutex> lock(device_mutex());
   if (const cudaError_t e = sticky_error()) {  // a failed kernel poisons every later call
     record(e);
@@ -519,16 +543,18 @@ void launch(const LaunchConfig& cfg, void (*run)(const void*), const void* call,
     record(cudaErrorInvalidResourceHandle);
     return;
   }
-  // Pointer arguments must be device pointers: a host pointer would fault on the GPU.
-  for (int i = 0; i < n_pointers; ++i) {
-    if (pointers[i] && !points_into_device_memory(pointers[i])) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%p", pointers[i]);
-      fail_sticky(cudaErrorIllegalAddress, std::string("launch of ") + cfg.name + ": pointer argument " +
-                                               std::to_string(i) + " (" + buf + ") is not in device memory");
-      return;
-    }
+  if (!check_pointers(cfg, pointers, n_pointers)) return;
+  if (capturing(cfg.stream)) {  // recorded with its arguments; graph.cpp replays it
+    capture_node(cfg.stream, KernelNode{cfg, run, std::move(call), std::vector<const void*>(pointers, pointers + n_pointers)});
+    return;
   }
+  if (legacy_stream_work(cfg.stream)) return;
+  execute(cfg, run, call.get());
+}
+
+void execute(const LaunchConfig& cfg, void (*run)(const void*), const void* call) {
+  const dim3 g = cfg.grid, bk = cfg.block;
+  const uint64_t threads = static_cast<uint64_t>(bk.x) * bk.y * bk.z;
   Stats& st = mutable_stats();
   ++st.launches;
 

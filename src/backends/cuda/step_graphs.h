@@ -1,0 +1,62 @@
+#pragma once
+// The CUDA backend's decode-step graphs (docs/cuda.md "Decode step as one graph"). A step whose
+// rows are one decode token per sequence (T = the batch, T <= kMaxRows) runs as one CUDA graph:
+// the first such step of a batch is captured (every op of Model::step enqueued on the backend's
+// stream between begin() and logits() is recorded instead of run) and launched; later steps of
+// the same batch upload their per-step values (token ids, positions) and launch the graph
+// again, and the backend's ops return at once. The kernels read everything that changes per step
+// from device memory (positions, and what the kernels derive from them: window slots, visible
+// entries, closing blocks; top-k counts; the MoE routing), so a replay computes exactly what an
+// eager step would.
+//
+// A graph holds the device addresses of its sequences' caches, so it is keyed by the batch's
+// sequences (their serial numbers, never reused) as well as by T and the step's tail (logits or
+// greedy ids, StepPlan::ids_only); a batch that changes is captured again. At most kMaxGraphs are kept (least recently used dropped).
+#include <algorithm>
+#include <cstdint>
+#include <list>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace dsv4 {
+
+class StepGraphs {
+ public:
+  static constexpr int64_t kMaxRows = 16;  // the decode qmatmul's largest T (routed experts on the device)
+  static constexpr size_t kMaxGraphs = 8;
+  enum class Mode { Eager, Capture, Replay };
+
+  // The graph of this batch (sequence serials in row order), if captured.
+  const gpu::Graph* find(const std::vector<uint64_t>& key) {
+    for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+      if (it->key != key) continue;
+      cache_.splice(cache_.begin(), cache_, it);  // most recently used first
+      return &cache_.front().graph;
+    }
+    return nullptr;
+  }
+  void add(std::vector<uint64_t> key, gpu::Graph g, int64_t ops) {
+    cache_.push_front({std::move(key), std::move(g), ops});
+    if (cache_.size() > kMaxGraphs) cache_.pop_back();
+  }
+  // Ops the captured step of the front (just found or added) graph enqueued: a replayed step must
+  // call the same number of ops (else Model's op sequence depends on something per step).
+  int64_t front_ops() const { return cache_.empty() ? -1 : cache_.front().ops; }
+  const gpu::Graph& front() const {
+    DSV4_CHECK(!cache_.empty());
+    return cache_.front().graph;
+  }
+  size_t size() const { return cache_.size(); }
+
+ private:
+  struct Entry {
+    std::vector<uint64_t> key;
+    gpu::Graph graph;
+    int64_t ops = 0;
+  };
+  std::list<Entry> cache_;
+};
+
+}  // namespace dsv4
