@@ -9,6 +9,9 @@ namespace dsv4::server {
 
 using Clock = std::chrono::steady_clock;
 
+// Positions between the prefix-cache snapshots taken inside a long prompt.
+constexpr int64_t kSnapshotEvery = 1024;
+
 // ---- Job ----
 
 void Job::push(Event e) {
@@ -101,6 +104,9 @@ Scheduler::Stats Scheduler::stats() const { return {kv_bytes_, cache_bytes_, cac
 
 void Scheduler::update_stats() {
   running_ = static_cast<int>(active_.size());
+  int live = 0;
+  for (auto& a : active_) live += a->prefilled ? static_cast<int>(a->choices.size()) : a->job->params.n;
+  live_choices_ = live;
   kv_bytes_ = engine_.reserved_bytes();
   cache_bytes_ = cache_.bytes();
   cache_entries_ = static_cast<int64_t>(cache_.entries());
@@ -122,7 +128,8 @@ void Scheduler::submit(const std::shared_ptr<Job>& job) {
     throw Error("n = " + std::to_string(p.n) + " exceeds the server's batch size (" + std::to_string(opt_.max_batch) + ")");
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (static_cast<int>(waiting_.size()) >= opt_.max_queue)
+    const int free = std::max(0, opt_.max_batch - live_choices_.load());
+    if (static_cast<int>(waiting_.size()) >= opt_.max_queue + free)
       throw Error("the server is busy: " + std::to_string(waiting_.size()) + " requests are waiting", ErrorKind::ResourceExhausted);
     waiting_.push_back(job);
   }
@@ -349,7 +356,14 @@ void Scheduler::step() {
   for (size_t i = 0; i < slots.size(); ++i) {
     Active& a = *slots[i].a;
     if (a.gone) continue;
-    if (!slots[i].prefill_end && !a.prefilled) continue;  // a middle chunk of a prompt
+    if (!slots[i].prefill_end && !a.prefilled) {
+      // A middle chunk of a long prompt: a snapshot every kSnapshotEvery positions, so a prompt
+      // that shares only its beginning with this one (a long system prompt or document, then
+      // something else) still reuses most of it.
+      const int64_t pos = a.choices[0]->seq.pos(), before = pos - static_cast<int64_t>(reqs[i].tokens.size());
+      if (pos / kSnapshotEvery > before / kSnapshotEvery) cache_.insert(engine_.snapshot(a.choices[0]->seq));
+      continue;
+    }
     if (slots[i].prefill_end) {
       a.prefilled = true;
       cache_.insert(engine_.snapshot(a.choices[0]->seq));

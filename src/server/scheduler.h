@@ -7,7 +7,8 @@
 // Admission is by memory: a job's sequence reserves the cache of prompt + max_tokens positions
 // against the engine's memory budget (Engine::new_sequence throws ResourceExhausted when it does
 // not fit); such a job waits, in arrival order, until running ones finish. The wait queue is
-// bounded: submit() refuses when it is full (the server answers 503 + Retry-After).
+// bounded: submit() refuses when more jobs wait than max_queue plus the batch places free right
+// now (those are about to start, not waiting) — the server answers 503 + Retry-After.
 //
 // Prefix cache: at the end of every prompt, and when a single-choice job finishes, the
 // sequence's state is snapshotted into an LRU cache (PrefixCache); a new job restores the
@@ -149,6 +150,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Active>> active_;  // owned by the scheduler thread
   std::atomic<int> running_{0};
   std::atomic<int64_t> kv_bytes_{0}, cache_bytes_{0}, cache_entries_{0};
+  std::atomic<int> live_choices_{0};  // batch places taken (choices, forks to come included)
   void update_stats();
   bool stop_ = false;
   std::thread thread_;

@@ -129,3 +129,12 @@ test('chat logprobs: one entry per generated token, top_logprobs sorted', async 
     assert.ok(e.logprob <= 0);
   }
 });
+
+test('a long prompt leaves snapshots inside it: a prompt sharing its beginning reuses them', async () => {
+  const doc = 'alpha beta gamma delta '.repeat(350);
+  const a = await client.chat.completions.create(chat(doc + 'First question?', { temperature: 0, max_tokens: 2 }));
+  assert.ok(a.usage.prompt_tokens > 1100, `prompt of ${a.usage.prompt_tokens} tokens`);
+  const b = await client.chat.completions.create(chat(doc.slice(0, 6900) + ' Something else entirely?', { temperature: 0, max_tokens: 2 }));
+  const cached = b.usage.prompt_tokens_details.cached_tokens;
+  assert.ok(cached >= 1024 && cached < b.usage.prompt_tokens - 16, `cached ${cached} of ${b.usage.prompt_tokens}`);
+});
