@@ -257,11 +257,10 @@ std::string forced_call_prefix(const std::string& name) {
   return s;
 }
 
-void tokenize_prompt(ParsedRequest& r, const Engine& engine, const RequestLimits& lim, const char* max_key,
+void tokenize_prompt(ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim, const char* max_key,
                      int64_t max_tokens_given) {
-  const Tokenizer& tok = engine.tokenizer();
-  if (r.gen.prompt.empty()) r.gen.prompt = tok.encode(r.prompt_text + r.forced_prefix);
-  const int64_t ctx = engine.info().context;
+  if (r.gen.prompt.empty()) r.gen.prompt = model.tok.encode(r.prompt_text + r.forced_prefix);
+  const int64_t ctx = model.context;
   const int64_t n = static_cast<int64_t>(r.gen.prompt.size());
   if (n == 0) bad_request("prompt", "must not be empty");
   if (n >= ctx)
@@ -273,7 +272,7 @@ void tokenize_prompt(ParsedRequest& r, const Engine& engine, const RequestLimits
   r.gen.max_tokens = max_tokens_given > 0 ? max_tokens_given : std::min(lim.default_max_tokens, ctx - n);
 }
 
-void parse_openai_chat(const ojson& j, ParsedRequest& r, const Engine& engine, const RequestLimits& lim,
+void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim,
                        const ToolCallStore* store) {
   Fields f{j, ""};
   r.model = f.string("model", "");
@@ -363,10 +362,10 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const Engine& engine, c
   }
   if (forced_any) r.forced_prefix = forced_call_prefix(forced);
   const int64_t mt = f.integer("max_completion_tokens", f.integer("max_tokens", 0, 1, 1 << 30), 1, 1 << 30);
-  tokenize_prompt(r, engine, lim, f.get("max_completion_tokens") ? "max_completion_tokens" : "max_tokens", mt);
+  tokenize_prompt(r, model, lim, f.get("max_completion_tokens") ? "max_completion_tokens" : "max_tokens", mt);
 }
 
-void parse_openai_completion(const ojson& j, ParsedRequest& r, const Engine& engine, const RequestLimits& lim) {
+void parse_openai_completion(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim) {
   Fields f{j, ""};
   r.chat = false;
   r.model = f.string("model", "");
@@ -387,22 +386,22 @@ void parse_openai_completion(const ojson& j, ParsedRequest& r, const Engine& eng
   if (p->is_string()) {
     r.prompt_text = p->get<std::string>();
   } else if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
-    const int64_t V = engine.info().vocab;
+    const int64_t V = model.vocab;
     for (size_t i = 0; i < p->size(); ++i) {
       const ojson& t = (*p)[i];
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= V)
         bad_request("prompt[" + std::to_string(i) + "]", "must be a token id in [0, " + std::to_string(V) + ")");
       r.gen.prompt.push_back(t.get<int32_t>());
     }
-    r.prompt_text = engine.tokenizer().decode(r.gen.prompt);
+    r.prompt_text = model.tok.decode(r.gen.prompt);
   } else {
     bad_request("prompt", "must be a string or a list of token ids (one prompt per request)");
   }
-  tokenize_prompt(r, engine, lim, "max_tokens", f.integer("max_tokens", 16, 1, 1 << 30));
+  tokenize_prompt(r, model, lim, "max_tokens", f.integer("max_tokens", 16, 1, 1 << 30));
 }
 
 // Anthropic Messages -> OpenAI-format messages for the same renderer.
-void parse_anthropic(const ojson& j, ParsedRequest& r, const Engine& engine, const RequestLimits& lim,
+void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim,
                      const ToolCallStore* store) {
   Fields f{j, ""};
   r.model = f.string("model", "");
@@ -522,19 +521,19 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const Engine& engine, con
     bad_request("messages", e.what());
   }
   if (forced_any) r.forced_prefix = forced_call_prefix(forced);
-  tokenize_prompt(r, engine, lim, "max_tokens", max_tokens);
+  tokenize_prompt(r, model, lim, "max_tokens", max_tokens);
 }
 
 }  // namespace
 
-ParsedRequest parse_request(Api api, const std::string& body, const Engine& engine, const RequestLimits& lim,
+ParsedRequest parse_request(Api api, const std::string& body, const ModelFacts& model, const RequestLimits& lim,
                             const ToolCallStore* store) {
   const ojson j = parse_json(body);
   ParsedRequest r;
   r.api = api;
-  if (api == Api::OpenAiChat) parse_openai_chat(j, r, engine, lim, store);
-  if (api == Api::OpenAiCompletion) parse_openai_completion(j, r, engine, lim);
-  if (api == Api::Anthropic) parse_anthropic(j, r, engine, lim, store);
+  if (api == Api::OpenAiChat) parse_openai_chat(j, r, model, lim, store);
+  if (api == Api::OpenAiCompletion) parse_openai_completion(j, r, model, lim);
+  if (api == Api::Anthropic) parse_anthropic(j, r, model, lim, store);
   return r;
 }
 
