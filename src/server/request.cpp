@@ -393,7 +393,13 @@ void parse_openai_completion(const ojson& j, ParsedRequest& r, const ModelFacts&
         bad_request("prompt[" + std::to_string(i) + "]", "must be a token id in [0, " + std::to_string(V) + ")");
       r.gen.prompt.push_back(t.get<int32_t>());
     }
-    r.prompt_text = model.tok.decode(r.gen.prompt);
+    // The text is echoed in JSON (echo: true), which must be valid UTF-8, and ids can split or
+    // garble characters: decode as the answer is streamed, bad bytes becoming U+FFFD (found by
+    // fuzz_server_request; a plain decode made the answer's JSON dump throw).
+    StreamDecoder dec(model.tok);
+    r.prompt_text.clear();
+    for (int32_t id : r.gen.prompt) r.prompt_text += dec.push(id);
+    r.prompt_text += dec.flush();
   } else {
     bad_request("prompt", "must be a string or a list of token ids (one prompt per request)");
   }
