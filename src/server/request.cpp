@@ -150,7 +150,9 @@ void check_tools(const ojson& tools, const std::string& where) {
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string w = where + "[" + std::to_string(i) + "]";
     const ojson& t = tools[i];
-    if (!t.is_object() || t.value("type", "") != "function") bad_request(w + ".type", "must be 'function'");
+    // Fields::string, not json::value: a non-string type must be a 400, not a JSON type_error
+    // (a 500), as for every nested string below (found by fuzz_server_request).
+    if (!t.is_object() || Fields{t, w + "."}.string("type", "") != "function") bad_request(w + ".type", "must be 'function'");
     auto fn = t.find("function");
     if (fn == t.end() || !fn->is_object()) bad_request(w + ".function", "must be an object");
     auto name = fn->find("name");
@@ -289,7 +291,7 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
   r.gen.top_logprobs = r.logprobs ? static_cast<int>(std::max<int64_t>(top, 0)) : -1;
   if (const ojson* rf = f.get("response_format")) {
     if (!rf->is_object()) bad_request("response_format", "must be an object");
-    const std::string t = rf->value("type", "");
+    const std::string t = Fields{*rf, "response_format."}.string("type", "");
     if (t != "text")
       bad_request("response_format", "type '" + t + "' is not supported: this server does not constrain output to JSON");
   }
@@ -447,13 +449,14 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, 
   bool forced_any = false;
   if (const ojson* tc = f.get("tool_choice")) {
     if (!tc->is_object()) bad_request("tool_choice", "must be an object");
-    const std::string type = tc->value("type", "");
+    const Fields tf{*tc, "tool_choice."};
+    const std::string type = tf.string("type", "");
     if (type == "none") {
       tools = ojson::array();
     } else if (type == "any") {
       forced_any = true;
     } else if (type == "tool") {
-      forced = tc->value("name", "");
+      forced = tf.string("name", "");
       bool known = false;
       for (const auto& t : tools) known |= t["function"]["name"] == forced;
       if (!known) bad_request("tool_choice.name", "'" + forced + "' is not in tools");
@@ -461,6 +464,9 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, 
     } else if (type != "auto") {
       bad_request("tool_choice.type", "must be auto, any, tool or none");
     }
+    // As in chat mode: forcing the call markup with no tool to call would only make the model
+    // invent one (found by fuzz_server_request).
+    if (forced_any && tools.empty()) bad_request("tool_choice", "needs tools");
     if (forced_any && thinking) bad_request("tool_choice", "a tool call cannot be forced with thinking enabled");
   }
   r.tools = tools;
@@ -472,7 +478,7 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, 
     const ojson& m = (*in)[i];
     const std::string w = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) bad_request(w, "must be an object");
-    const std::string role = m.value("role", "");
+    const std::string role = Fields{m, w + "."}.string("role", "");
     if (role != "user" && role != "assistant") bad_request(w + ".role", "must be user or assistant, got '" + role + "'");
     auto c = m.find("content");
     if (c == m.end()) bad_request(w + ".content", "is required");
@@ -487,12 +493,13 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, 
       const ojson& b = (*c)[k];
       const std::string bw = w + ".content[" + std::to_string(k) + "]";
       if (!b.is_object()) bad_request(bw, "must be an object");
-      const std::string type = b.value("type", "");
+      const Fields bf{b, bw + "."};
+      const std::string type = bf.string("type", "");
       if (type == "text") {
         if (!b.contains("text") || !b["text"].is_string()) bad_request(bw + ".text", "must be a string");
         text += b["text"].get<std::string>();
       } else if (type == "thinking" && role == "assistant") {
-        reasoning += b.value("thinking", "");
+        reasoning += bf.string("thinking", "");
       } else if (type == "redacted_thinking" && role == "assistant") {
       } else if (type == "tool_use" && role == "assistant") {
         if (!b.contains("id") || !b["id"].is_string() || !b.contains("name") || !b["name"].is_string())
