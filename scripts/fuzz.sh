@@ -22,7 +22,9 @@ for t in "${targets[@]}"; do
   rm -rf "$work" && mkdir -p "$work"
   cp tests/fuzz/corpus/"$t"/* "$work"/
   log="build-fuzz/fuzz-$t.log"
-  if build-fuzz/tests/fuzz_"$t" "$work" -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+  dict=()
+  [ -f tests/fuzz/"$t".dict ] && dict=(-dict=tests/fuzz/"$t".dict)  # tokens of structured inputs
+  if build-fuzz/tests/fuzz_"$t" "$work" ${dict[@]+"${dict[@]}"} -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
        -artifact_prefix=build-fuzz/artifacts/"$t"- >"$log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
