@@ -266,7 +266,7 @@ void tokenize_prompt(ParsedRequest& r, const ModelFacts& model, const RequestLim
   const int64_t n = static_cast<int64_t>(r.gen.prompt.size());
   if (n == 0) bad_request("prompt", "must not be empty");
   if (n >= ctx)
-    bad_request("messages", "the prompt has " + std::to_string(n) + " tokens; the context is " + std::to_string(ctx) +
+    bad_request(r.chat ? "messages" : "prompt", "the prompt has " + std::to_string(n) + " tokens; the context is " + std::to_string(ctx) +
                                 " (no room to generate)");
   if (max_tokens_given > 0 && n + max_tokens_given > ctx)
     bad_request(max_key, "prompt (" + std::to_string(n) + " tokens) + " + max_key + " (" + std::to_string(max_tokens_given) +
