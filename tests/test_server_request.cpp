@@ -407,4 +407,21 @@ TEST_F(ServerRequest, ContextBounds) {
   EXPECT_EQ(refused(Api::Anthropic, anthropic_body(""), 4), "messages");
 }
 
+TEST_F(ServerRequest, DeepNestingIsRefusedNotACrash) {
+  // ~100 KB of nesting inside a tool's parameters (well under the 8 MB body limit) overflowed the
+  // stack while the value was copied and rendered: now a 400 before parsing.
+  const auto body = [](int depth, const std::string& inner) {
+    return chat_body("\"thinking\":{\"type\":\"disabled\"},\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+                     "\"parameters\":" + std::string(static_cast<size_t>(depth), '[') + inner +
+                     std::string(static_cast<size_t>(depth), ']') + "}}]");
+  };
+  EXPECT_NE(refused(Api::OpenAiChat, body(200000, "")).find("nests deeper"), std::string::npos);
+  EXPECT_NE(refused(Api::Anthropic, anthropic_body("\"x\":" + std::string(129, '[') + std::string(129, ']'))).find("nests deeper"),
+            std::string::npos);
+  // The count ignores brackets inside strings (and escaped quotes do not end them); nesting of
+  // a real schema passes.
+  EXPECT_EQ(refused(Api::OpenAiChat, body(100, "\"[[[[\\\"[[[[[\"")), "");
+  EXPECT_EQ(refused(Api::Anthropic, anthropic_body("\"x\":" + std::string(120, '[') + std::string(120, ']'))), "");
+}
+
 }  // namespace

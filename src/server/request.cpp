@@ -239,8 +239,37 @@ void check_utf8(const std::string& s) {
   }
 }
 
+// Copying and dumping a JSON value recurse once per level of nesting (so does rendering a tool's
+// parameters): a body of ~100 KB of '[' inside a tool overflowed the handling thread's stack and
+// killed the server, well under the 8 MB body limit. Deeper nesting than any real request needs
+// (a tool schema of ~60 nested objects) is refused before parsing.
+constexpr int kMaxJsonDepth = 128;
+
+// Depth of [ and { outside strings; exact for valid JSON (what the parser would accept), and
+// anything else the parser refuses anyway.
+void check_depth(const std::string& s) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') ++i;  // the escaped character cannot end the string
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        throw ApiError(400, "invalid_request_error",
+                       "the body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels (byte " + std::to_string(i) + ")");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+}
+
 ojson parse_json(const std::string& body) {
   check_utf8(body);
+  check_depth(body);
   ojson j;
   try {
     j = ojson::parse(body);
