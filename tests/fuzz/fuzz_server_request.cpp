@@ -37,6 +37,9 @@ using ojson = nlohmann::ordered_json;
 // refuse every request with tools, and their answers (the forced-call and DSML paths of the
 // formatter) would never be reached. 1024 keeps prompts small and still lets "too long" happen.
 constexpr int64_t kContext = 1024;
+// The model's vocabulary may be padded past the tokenizer's (ids the tokenizer has no text for):
+// token-id prompts and sampled ids (logprobs) then include ids without text.
+constexpr int64_t kVocabPadding = 64;
 
 void require(bool ok, const char* what) {
   if (!ok) {
@@ -130,7 +133,11 @@ void format_answer(const ParsedRequest& r, unsigned variant, uint32_t seed) {
   auto resp = dsv4::server::make_responder(r, tokenizer(), store);
   require(resp != nullptr, "no responder");
   std::string sse = r.stream ? resp->start() : "";
-  const std::vector<int32_t>& ids = r.gen.prompt;  // tokens known to be in the vocabulary
+  // Sampled ids: the prompt's (in the vocabulary), and every third one the model's last id,
+  // which the tokenizer has no text for.
+  std::vector<int32_t> ids = r.gen.prompt;
+  for (size_t k = 0; k < r.gen.prompt.size(); k += 3)
+    ids.insert(ids.begin() + static_cast<std::ptrdiff_t>(k), static_cast<int32_t>(tokenizer().vocab_size() + kVocabPadding - 1));
   size_t next_id = 0;
   dsv4::server::Usage usage;
   usage.prompt_tokens = static_cast<int64_t>(ids.size());
@@ -191,7 +198,7 @@ void check_parsed(const ParsedRequest& r, Api api, const dsv4::server::RequestLi
   require(n < kContext, "prompt fills the context");
   require(r.gen.max_tokens >= 1 && n + r.gen.max_tokens <= kContext, "max_tokens out of the context");
   require(r.gen.n >= 1 && r.gen.n <= lim.max_n, "n out of range");
-  for (int32_t id : r.gen.prompt) require(id >= 0 && id < tok.vocab_size(), "prompt token outside the vocabulary");
+  for (int32_t id : r.gen.prompt) require(id >= 0 && id < tok.vocab_size() + kVocabPadding, "prompt token outside the vocabulary");
   require(r.gen.top_logprobs >= -1 && r.gen.top_logprobs <= 20, "top_logprobs out of range");
   require(r.logprobs == (r.gen.top_logprobs >= 0), "logprobs and top_logprobs disagree");
   require(r.gen.stop.size() <= 16, "more than 16 stop strings");
@@ -212,7 +219,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const unsigned variant = data[0] / 3;
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
   const dsv4::Tokenizer& tok = tokenizer();
-  const dsv4::server::ModelFacts facts{tok, kContext, tok.vocab_size()};
+  const dsv4::server::ModelFacts facts{tok, kContext, tok.vocab_size() + kVocabPadding};
   dsv4::server::RequestLimits lim;
   lim.max_n = 4;
   lim.default_max_tokens = 64;
