@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "server/request.h"
+#include "server/response.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"
@@ -422,6 +423,36 @@ TEST_F(ServerRequest, DeepNestingIsRefusedNotACrash) {
   // a real schema passes.
   EXPECT_EQ(refused(Api::OpenAiChat, body(100, "\"[[[[\\\"[[[[[\"")), "");
   EXPECT_EQ(refused(Api::Anthropic, anthropic_body("\"x\":" + std::string(120, '[') + std::string(120, ']'))), "");
+}
+
+// The answer side of two fixes above: what the parsed requests lead to must format as JSON.
+TEST_F(ServerRequest, AnswersFormatWithoutThrowing) {
+  ToolCallStore store;
+  // Logprobs of an id the tokenizer has no text for (a model vocabulary padded past it).
+  const ParsedRequest chat = parse(Api::OpenAiChat, chat_body(R"("logprobs":true,"top_logprobs":1,"thinking":{"type":"disabled"})"));
+  auto resp = make_responder(chat, *tok_, store);
+  Event e = Event::of(Event::Text);
+  e.text = "Hi";
+  e.ids = {tok_->vocab_size() + 5};
+  e.logprobs = {-0.5f};
+  e.top = {{{tok_->vocab_size() + 6, -1.0f}}};
+  EXPECT_NO_THROW(resp->event(e));
+  Event fin = Event::of(Event::Finish);
+  fin.finish_reason = "eos";
+  (void)resp->event(fin);
+  const nlohmann::json body = nlohmann::json::parse(resp->body(Usage{}));
+  EXPECT_EQ(body["choices"][0]["logprobs"]["content"][0]["token"], "");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "Hi");
+
+  // Echo of a token-id prompt that splits a character.
+  const std::vector<int32_t> ids = tok_->encode("🙂");
+  ASSERT_GT(ids.size(), 1u);
+  const ParsedRequest comp =
+      parse(Api::OpenAiCompletion, "{\"echo\":true,\"max_tokens\":2,\"prompt\":[" + std::to_string(ids[0]) + "]}");
+  auto cresp = make_responder(comp, *tok_, store);
+  (void)cresp->event(fin);
+  const nlohmann::json cbody = nlohmann::json::parse(cresp->body(Usage{}));
+  EXPECT_EQ(cbody["choices"][0]["text"], "\xEF\xBF\xBD");
 }
 
 }  // namespace
