@@ -3,12 +3,12 @@
 # each for a bounded time (DSV4_FUZZ_SECONDS, default 30) from the committed corpus. A crash,
 # sanitizer report, leak or timeout fails the run; the input is kept in build-fuzz/artifacts/
 # and belongs in tests/fuzz/corpus/<target>/ once fixed (docs/fuzzing.md).
-# Usage: scripts/fuzz.sh [target ...]   (default: checkpoint tokenizer tokenizer_json chat)
+# Usage: scripts/fuzz.sh [target ...]   (default: checkpoint tokenizer tokenizer_json chat server_request)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${DSV4_FUZZ_SECONDS:-30}"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(checkpoint tokenizer tokenizer_json chat)
+[ ${#targets[@]} -gt 0 ] || targets=(checkpoint tokenizer tokenizer_json chat server_request)
 CXX_FUZZ="$(command -v clang++ || command -v clang++-14 || true)"
 [ -n "$CXX_FUZZ" ] || { echo "fuzz: clang++ not found (apt-get install clang)" >&2; exit 1; }
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$CXX_FUZZ" \
@@ -22,7 +22,9 @@ for t in "${targets[@]}"; do
   rm -rf "$work" && mkdir -p "$work"
   cp tests/fuzz/corpus/"$t"/* "$work"/
   log="build-fuzz/fuzz-$t.log"
-  if build-fuzz/tests/fuzz_"$t" "$work" -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+  dict=()
+  [ -f tests/fuzz/"$t".dict ] && dict=(-dict=tests/fuzz/"$t".dict)  # tokens of structured inputs
+  if build-fuzz/tests/fuzz_"$t" "$work" ${dict[@]+"${dict[@]}"} -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
        -artifact_prefix=build-fuzz/artifacts/"$t"- >"$log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)

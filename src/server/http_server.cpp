@@ -93,7 +93,8 @@ struct HttpServer::Impl {
       RequestLimits lim;
       lim.max_n = opt.scheduler.max_batch;
       lim.default_max_tokens = opt.default_max_tokens;
-      st->req = parse_request(api, req.body, *engine, lim, &store);
+      const ModelFacts facts{engine->tokenizer(), engine->info().context, engine->info().vocab};
+      st->req = parse_request(api, req.body, facts, lim, &store);
     } catch (const ApiError& e) {
       return send_error(res, e, anthropic);
     } catch (const Error& e) {

@@ -150,7 +150,9 @@ void check_tools(const ojson& tools, const std::string& where) {
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string w = where + "[" + std::to_string(i) + "]";
     const ojson& t = tools[i];
-    if (!t.is_object() || t.value("type", "") != "function") bad_request(w + ".type", "must be 'function'");
+    // Fields::string, not json::value: a non-string type must be a 400, not a JSON type_error
+    // (a 500), as for every nested string below (found by fuzz_server_request).
+    if (!t.is_object() || Fields{t, w + "."}.string("type", "") != "function") bad_request(w + ".type", "must be 'function'");
     auto fn = t.find("function");
     if (fn == t.end() || !fn->is_object()) bad_request(w + ".function", "must be an object");
     auto name = fn->find("name");
@@ -237,8 +239,37 @@ void check_utf8(const std::string& s) {
   }
 }
 
+// Copying and dumping a JSON value recurse once per level of nesting (so does rendering a tool's
+// parameters): a body of ~100 KB of '[' inside a tool overflowed the handling thread's stack and
+// killed the server, well under the 8 MB body limit. Deeper nesting than any real request needs
+// (a tool schema of ~60 nested objects) is refused before parsing.
+constexpr int kMaxJsonDepth = 128;
+
+// Depth of [ and { outside strings; exact for valid JSON (what the parser would accept), and
+// anything else the parser refuses anyway.
+void check_depth(const std::string& s) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') ++i;  // the escaped character cannot end the string
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        throw ApiError(400, "invalid_request_error",
+                       "the body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels (byte " + std::to_string(i) + ")");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+}
+
 ojson parse_json(const std::string& body) {
   check_utf8(body);
+  check_depth(body);
   ojson j;
   try {
     j = ojson::parse(body);
@@ -257,15 +288,14 @@ std::string forced_call_prefix(const std::string& name) {
   return s;
 }
 
-void tokenize_prompt(ParsedRequest& r, const Engine& engine, const RequestLimits& lim, const char* max_key,
+void tokenize_prompt(ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim, const char* max_key,
                      int64_t max_tokens_given) {
-  const Tokenizer& tok = engine.tokenizer();
-  if (r.gen.prompt.empty()) r.gen.prompt = tok.encode(r.prompt_text + r.forced_prefix);
-  const int64_t ctx = engine.info().context;
+  if (r.gen.prompt.empty()) r.gen.prompt = model.tok.encode(r.prompt_text + r.forced_prefix);
+  const int64_t ctx = model.context;
   const int64_t n = static_cast<int64_t>(r.gen.prompt.size());
   if (n == 0) bad_request("prompt", "must not be empty");
   if (n >= ctx)
-    bad_request("messages", "the prompt has " + std::to_string(n) + " tokens; the context is " + std::to_string(ctx) +
+    bad_request(r.chat ? "messages" : "prompt", "the prompt has " + std::to_string(n) + " tokens; the context is " + std::to_string(ctx) +
                                 " (no room to generate)");
   if (max_tokens_given > 0 && n + max_tokens_given > ctx)
     bad_request(max_key, "prompt (" + std::to_string(n) + " tokens) + " + max_key + " (" + std::to_string(max_tokens_given) +
@@ -273,7 +303,7 @@ void tokenize_prompt(ParsedRequest& r, const Engine& engine, const RequestLimits
   r.gen.max_tokens = max_tokens_given > 0 ? max_tokens_given : std::min(lim.default_max_tokens, ctx - n);
 }
 
-void parse_openai_chat(const ojson& j, ParsedRequest& r, const Engine& engine, const RequestLimits& lim,
+void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim,
                        const ToolCallStore* store) {
   Fields f{j, ""};
   r.model = f.string("model", "");
@@ -290,7 +320,7 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const Engine& engine, c
   r.gen.top_logprobs = r.logprobs ? static_cast<int>(std::max<int64_t>(top, 0)) : -1;
   if (const ojson* rf = f.get("response_format")) {
     if (!rf->is_object()) bad_request("response_format", "must be an object");
-    const std::string t = rf->value("type", "");
+    const std::string t = Fields{*rf, "response_format."}.string("type", "");
     if (t != "text")
       bad_request("response_format", "type '" + t + "' is not supported: this server does not constrain output to JSON");
   }
@@ -363,10 +393,10 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const Engine& engine, c
   }
   if (forced_any) r.forced_prefix = forced_call_prefix(forced);
   const int64_t mt = f.integer("max_completion_tokens", f.integer("max_tokens", 0, 1, 1 << 30), 1, 1 << 30);
-  tokenize_prompt(r, engine, lim, f.get("max_completion_tokens") ? "max_completion_tokens" : "max_tokens", mt);
+  tokenize_prompt(r, model, lim, f.get("max_completion_tokens") ? "max_completion_tokens" : "max_tokens", mt);
 }
 
-void parse_openai_completion(const ojson& j, ParsedRequest& r, const Engine& engine, const RequestLimits& lim) {
+void parse_openai_completion(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim) {
   Fields f{j, ""};
   r.chat = false;
   r.model = f.string("model", "");
@@ -387,22 +417,28 @@ void parse_openai_completion(const ojson& j, ParsedRequest& r, const Engine& eng
   if (p->is_string()) {
     r.prompt_text = p->get<std::string>();
   } else if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
-    const int64_t V = engine.info().vocab;
+    const int64_t V = model.vocab;
     for (size_t i = 0; i < p->size(); ++i) {
       const ojson& t = (*p)[i];
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= V)
         bad_request("prompt[" + std::to_string(i) + "]", "must be a token id in [0, " + std::to_string(V) + ")");
       r.gen.prompt.push_back(t.get<int32_t>());
     }
-    r.prompt_text = engine.tokenizer().decode(r.gen.prompt);
+    // The text is echoed in JSON (echo: true), which must be valid UTF-8, and ids can split or
+    // garble characters: decode as the answer is streamed, bad bytes becoming U+FFFD (found by
+    // fuzz_server_request; a plain decode made the answer's JSON dump throw).
+    StreamDecoder dec(model.tok);
+    r.prompt_text.clear();
+    for (int32_t id : r.gen.prompt) r.prompt_text += dec.push(id);
+    r.prompt_text += dec.flush();
   } else {
     bad_request("prompt", "must be a string or a list of token ids (one prompt per request)");
   }
-  tokenize_prompt(r, engine, lim, "max_tokens", f.integer("max_tokens", 16, 1, 1 << 30));
+  tokenize_prompt(r, model, lim, "max_tokens", f.integer("max_tokens", 16, 1, 1 << 30));
 }
 
 // Anthropic Messages -> OpenAI-format messages for the same renderer.
-void parse_anthropic(const ojson& j, ParsedRequest& r, const Engine& engine, const RequestLimits& lim,
+void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim,
                      const ToolCallStore* store) {
   Fields f{j, ""};
   r.model = f.string("model", "");
@@ -442,13 +478,14 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const Engine& engine, con
   bool forced_any = false;
   if (const ojson* tc = f.get("tool_choice")) {
     if (!tc->is_object()) bad_request("tool_choice", "must be an object");
-    const std::string type = tc->value("type", "");
+    const Fields tf{*tc, "tool_choice."};
+    const std::string type = tf.string("type", "");
     if (type == "none") {
       tools = ojson::array();
     } else if (type == "any") {
       forced_any = true;
     } else if (type == "tool") {
-      forced = tc->value("name", "");
+      forced = tf.string("name", "");
       bool known = false;
       for (const auto& t : tools) known |= t["function"]["name"] == forced;
       if (!known) bad_request("tool_choice.name", "'" + forced + "' is not in tools");
@@ -456,6 +493,9 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const Engine& engine, con
     } else if (type != "auto") {
       bad_request("tool_choice.type", "must be auto, any, tool or none");
     }
+    // As in chat mode: forcing the call markup with no tool to call would only make the model
+    // invent one (found by fuzz_server_request).
+    if (forced_any && tools.empty()) bad_request("tool_choice", "needs tools");
     if (forced_any && thinking) bad_request("tool_choice", "a tool call cannot be forced with thinking enabled");
   }
   r.tools = tools;
@@ -467,7 +507,7 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const Engine& engine, con
     const ojson& m = (*in)[i];
     const std::string w = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) bad_request(w, "must be an object");
-    const std::string role = m.value("role", "");
+    const std::string role = Fields{m, w + "."}.string("role", "");
     if (role != "user" && role != "assistant") bad_request(w + ".role", "must be user or assistant, got '" + role + "'");
     auto c = m.find("content");
     if (c == m.end()) bad_request(w + ".content", "is required");
@@ -482,12 +522,13 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const Engine& engine, con
       const ojson& b = (*c)[k];
       const std::string bw = w + ".content[" + std::to_string(k) + "]";
       if (!b.is_object()) bad_request(bw, "must be an object");
-      const std::string type = b.value("type", "");
+      const Fields bf{b, bw + "."};
+      const std::string type = bf.string("type", "");
       if (type == "text") {
         if (!b.contains("text") || !b["text"].is_string()) bad_request(bw + ".text", "must be a string");
         text += b["text"].get<std::string>();
       } else if (type == "thinking" && role == "assistant") {
-        reasoning += b.value("thinking", "");
+        reasoning += bf.string("thinking", "");
       } else if (type == "redacted_thinking" && role == "assistant") {
       } else if (type == "tool_use" && role == "assistant") {
         if (!b.contains("id") || !b["id"].is_string() || !b.contains("name") || !b["name"].is_string())
@@ -522,19 +563,19 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const Engine& engine, con
     bad_request("messages", e.what());
   }
   if (forced_any) r.forced_prefix = forced_call_prefix(forced);
-  tokenize_prompt(r, engine, lim, "max_tokens", max_tokens);
+  tokenize_prompt(r, model, lim, "max_tokens", max_tokens);
 }
 
 }  // namespace
 
-ParsedRequest parse_request(Api api, const std::string& body, const Engine& engine, const RequestLimits& lim,
+ParsedRequest parse_request(Api api, const std::string& body, const ModelFacts& model, const RequestLimits& lim,
                             const ToolCallStore* store) {
   const ojson j = parse_json(body);
   ParsedRequest r;
   r.api = api;
-  if (api == Api::OpenAiChat) parse_openai_chat(j, r, engine, lim, store);
-  if (api == Api::OpenAiCompletion) parse_openai_completion(j, r, engine, lim);
-  if (api == Api::Anthropic) parse_anthropic(j, r, engine, lim, store);
+  if (api == Api::OpenAiChat) parse_openai_chat(j, r, model, lim, store);
+  if (api == Api::OpenAiCompletion) parse_openai_completion(j, r, model, lim);
+  if (api == Api::Anthropic) parse_anthropic(j, r, model, lim, store);
   return r;
 }
 

@@ -13,6 +13,7 @@
 #include "server/scheduler.h"
 #include "server/tool_calls.h"
 #include "text/chat.h"
+#include "text/tokenizer.h"
 
 namespace dsv4::server {
 
@@ -51,9 +52,17 @@ struct ParsedRequest {
   std::string prompt_text;
 };
 
+// What parsing needs to know of the model, and nothing more: requests can then be parsed (and
+// fuzzed, tests/fuzz/fuzz_server_request.cpp) with a tokenizer alone, no weights loaded.
+struct ModelFacts {
+  const Tokenizer& tok;
+  int64_t context;  // positions a sequence may hold (prompt + answer)
+  int64_t vocab;    // the model's vocabulary: token-id prompts must be in [0, vocab)
+};
+
 // Parses and validates a request body for `api`. Throws ApiError. Tool calls sent back with an
 // id in `store` are rendered with the DSML the model sampled for them.
-ParsedRequest parse_request(Api api, const std::string& body, const Engine& engine, const RequestLimits& lim,
+ParsedRequest parse_request(Api api, const std::string& body, const ModelFacts& model, const RequestLimits& lim,
                             const ToolCallStore* store = nullptr);
 
 // OpenAI's error body: {"error": {"message", "type", "param", "code"}}.

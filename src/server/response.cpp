@@ -70,11 +70,22 @@ std::string openai_finish(const std::string& reason, bool tool_calls) {
   return reason == "length" ? "length" : "stop";
 }
 
+// A sampled token's text; "" for an id the tokenizer has none for (a model's vocabulary may be
+// padded past its tokenizer's). token_text throws there, which here would end the answer
+// half-sent (found by fuzz_server_request).
+std::string text_of(const Tokenizer& tok, int32_t id) {
+  try {
+    return tok.token_text(id);
+  } catch (const Error&) {
+    return "";
+  }
+}
+
 // OpenAI's per-token logprob entries: {token, logprob, bytes, top_logprobs}.
 ojson token_logprobs(const Event& e, const Tokenizer& tok) {
   ojson out = ojson::array();
   auto entry = [&](int32_t id, float lp) {
-    const std::string t = tok.token_text(id);
+    const std::string t = text_of(tok, id);
     ojson bytes = ojson::array();
     for (unsigned char ch : t) bytes.push_back(static_cast<int>(ch));
     // Token text may be part of a UTF-8 character: the JSON string gets the valid prefix only
@@ -263,11 +274,11 @@ class OpenAiCompletion : public Responder {
   ojson legacy_logprobs(const Event& e) const {
     ojson toks = ojson::array(), lps = ojson::array(), tops = ojson::array();
     for (size_t i = 0; i < e.ids.size() && i < e.logprobs.size(); ++i) {
-      toks.push_back(safe(tok_.token_text(e.ids[i])));
+      toks.push_back(safe(text_of(tok_, e.ids[i])));
       lps.push_back(e.logprobs[i]);
       ojson m = ojson::object();
       if (i < e.top.size())
-        for (const auto& t : e.top[i]) m[safe(tok_.token_text(t.id))] = t.logprob;
+        for (const auto& t : e.top[i]) m[safe(text_of(tok_, t.id))] = t.logprob;
       tops.push_back(m);
     }
     return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}};
