@@ -138,7 +138,9 @@ Device parse_device(const std::string& s) {
 Parallel parse_parallel(const std::string& s) {
   if (s == "none") return Parallel::None;
   if (s == "ep") return Parallel::Ep;
-  throw Error("--parallel must be none or ep, got '" + s + "'" + (s == "tp" || s == "ep+tp" ? " (tp is not built yet)" : ""));
+  if (s == "tp") return Parallel::Tp;
+  if (s == "ep+tp" || s == "tp+ep") return Parallel::EpTp;
+  throw Error("--parallel must be none, ep, tp or ep+tp, got '" + s + "'");
 }
 
 bool device_usable(Device d, std::string* why) {
@@ -178,7 +180,9 @@ Engine::Engine(const EngineOptions& o) {
       lockstep_->send(m);
     }
   }
-  const ExpertSplit split{rank, world, 0};
+  const bool ep = o.parallel == Parallel::Ep || o.parallel == Parallel::EpTp;
+  const bool tp = o.parallel == Parallel::Tp || o.parallel == Parallel::EpTp;
+  const ExpertSplit split{rank, ep ? world : 1, 0};
   // Every rank loads its share; then the ranks agree that all of them could, on the same
   // checkpoint, before any of them goes on (a rank that failed alone would leave the others
   // waiting in the first collective).
@@ -234,13 +238,13 @@ Engine::Engine(const EngineOptions& o) {
   info_.hidden_size = c.hc * c.dim;
   info_.world = world;
   info_.rank = rank;
-  info_.parallel = o.parallel == Parallel::Ep ? "ep" : "none";
+  info_.parallel = ep && tp ? "ep+tp" : ep ? "ep" : tp ? "tp" : "none";
   for (const auto& f : w.store.files())
     for (const auto& [name, t] : f->tensors()) info_.weight_bytes += static_cast<double>(t.nbytes);
   if (o.device == Device::Cpu) {
     info_.device = "cpu";
     model_ = std::make_unique<Model>(std::move(w), make_cpu_backend);
-    if (world > 1) model_->set_shard({ExpertSplit{rank, world, c.n_experts}, comm});
+    if (world > 1) model_->set_shard({.comm = comm, .rank = rank, .world = world, .ep = ep, .tp = tp});
   } else {
 #ifdef DSV4_HAVE_CUDA
     info_.device = "cuda";
