@@ -182,7 +182,7 @@ Engine::Engine(const EngineOptions& o) {
   }
   const bool ep = o.parallel == Parallel::Ep || o.parallel == Parallel::EpTp;
   const bool tp = o.parallel == Parallel::Tp || o.parallel == Parallel::EpTp;
-  const ExpertSplit split{rank, ep ? world : 1, 0};
+  const Share share{rank, world, ep, tp};
   // Every rank loads its share; then the ranks agree that all of them could, on the same
   // checkpoint, before any of them goes on (a rank that failed alone would leave the others
   // waiting in the first collective).
@@ -190,7 +190,7 @@ Engine::Engine(const EngineOptions& o) {
   std::exception_ptr failed;
   try {
     set_threads(o.threads);
-    w = load_model(o.model_dir, to_load_mode(o.load), split);
+    w = load_model(o.model_dir, to_load_mode(o.load), share);
   } catch (...) {
     failed = std::current_exception();
   }
@@ -244,7 +244,12 @@ Engine::Engine(const EngineOptions& o) {
   if (o.device == Device::Cpu) {
     info_.device = "cpu";
     model_ = std::make_unique<Model>(std::move(w), make_cpu_backend);
-    if (world > 1) model_->set_shard({.comm = comm, .rank = rank, .world = world, .ep = ep, .tp = tp});
+    if (world > 1) {
+      Shard sh;
+      static_cast<Share&>(sh) = share;
+      sh.comm = comm;
+      model_->set_shard(sh);
+    }
   } else {
 #ifdef DSV4_HAVE_CUDA
     info_.device = "cuda";

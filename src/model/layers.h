@@ -16,12 +16,8 @@ namespace dsv4 {
 
 // This process's share of the model in a parallel run (docs/parallel.md): EP, the routed
 // experts by id; TP, the attention heads by output group and the head's vocabulary rows.
-struct Shard {
+struct Shard : Share {
   parallel::Comm* comm = nullptr;
-  int rank = 0, world = 1;
-  bool ep = false, tp = false;
-  // [part(n, r), part(n, r + 1)): rank r's contiguous share of n things (experts, groups, rows).
-  int64_t part(int64_t n, int r) const { return n * r / world; }
 };
 
 // s.f = attention(s.x) of layer l (weights L) for every row of the step; writes each
