@@ -13,6 +13,7 @@
 #include "core/threads.h"
 #include "engine/lockstep.h"
 #include "io/safetensors.h"
+#include "kernels/cpu/qmatmul.h"
 #include "model/forward.h"
 #include "model/weights.h"
 #include "parallel/comm.h"
@@ -207,16 +208,20 @@ Engine::Engine(const EngineOptions& o) {
       for (const auto& f : w.store.files())
         for (const auto& [name, t] : f->tensors()) bytes += static_cast<double>(t.nbytes);
       const ModelConfig& c = w.cfg;
+      // The kernels' summation order depends on the instruction set (docs/design.md): ranks on
+      // different ISAs would compute different bits for the replicated parts, route tokens
+      // differently and disagree on what to exchange, so they must match (DSV4_ISA forces one).
       mine += "vocab " + std::to_string(c.vocab) + ", dim " + std::to_string(c.dim) + ", layers " + std::to_string(c.n_layers) +
-              ", experts " + std::to_string(c.n_experts) + ", " + std::to_string(static_cast<int64_t>(bytes)) + " tensor bytes";
+              ", experts " + std::to_string(c.n_experts) + ", " + std::to_string(static_cast<int64_t>(bytes)) + " tensor bytes, isa " +
+              isa_name(active_isa());
     }
     const std::vector<std::string> all = comm->allgather(mine);
     if (failed) std::rethrow_exception(failed);
     for (int r = 0; r < world; ++r) {
       if (all[r].rfind("error ", 0) == 0) throw Error("rank " + std::to_string(r) + ": " + all[r].substr(6));
       if (all[r] != all[0])
-        throw Error("rank " + std::to_string(r) + " loaded a different checkpoint than rank 0 (" + all[r].substr(3) + " vs " +
-                    all[0].substr(3) + ")");
+        throw Error("rank " + std::to_string(r) + " differs from rank 0 in its checkpoint or instruction set (" + all[r].substr(3) +
+                    " vs " + all[0].substr(3) + "; set DSV4_ISA to the same value on every rank if only the isa differs)");
     }
   } else if (failed) {
     std::rethrow_exception(failed);

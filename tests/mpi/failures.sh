@@ -5,6 +5,7 @@
 #   missing        the checkpoint is missing on one rank (a relative --model, another --wdir)
 #   args           one rank was started with other arguments
 #   noparallel     mpirun -np 2 without --parallel
+#   isa            the ranks compute with different instruction sets (DSV4_ISA per rank)
 set -uo pipefail
 mpiexec=$1 bin=$2 model=$3 work=$4 what=$5
 mpi=("$mpiexec" --oversubscribe --allow-run-as-root)
@@ -89,6 +90,17 @@ noparallel)
   [ "$status" != 0 ] || fail "exit status 0"
   check_one_line "--parallel"
   echo "no --parallel under mpirun: status $status, $(grep '^dsv4' "$work/err")"
+  ;;
+isa)
+  # Different kernels' summation orders would make the replicated state diverge: refused.
+  args=(score --model "$model" --tokens 1,2,3 --threads 1 --parallel ep --out "$work/x.npy")
+  timeout 60 "${mpi[@]}" -np 1 -x DSV4_ISA=scalar "$bin" "${args[@]}" : -np 1 -x DSV4_ISA=avx2 "$bin" "${args[@]}" \
+    >"$work/out" 2>"$work/err"
+  status=$?
+  [ "$status" != 124 ] || fail "hang"
+  [ "$status" != 0 ] || fail "exit status 0"
+  check_one_line "rank 1" "isa avx2" "isa scalar"
+  echo "different instruction sets: status $status, $(grep '^dsv4' "$work/err")"
   ;;
 *) fail "unknown case $what" ;;
 esac
