@@ -116,7 +116,21 @@ void attention_layer(Backend& be, const ModelConfig& c, int64_t l, const LayerW&
     for (int64_t g = 0; g < G; ++g)
       for (int64_t t = 0; t < T; ++t) std::copy(zg + (g * T + t) * Ro, zg + (g * T + t + 1) * Ro, z + t * G * Ro + g * Ro);
   }
-  be.matmul(s, {&A.wo_b, z, T, s.f});
+  if (!tp) return be.matmul(s, {&A.wo_b, z, T, s.f});
+  // wo_b by its output rows too: this rank's [T, D_r] block of f, the blocks back to back (each
+  // T * D_r floats: one allgather in units of T floats), then spread into f [T, D].
+  const int64_t D = c.dim, d0 = shard->part(D, shard->rank), d1 = shard->part(D, shard->rank + 1);
+  float* fb = be.tmp(s, Tmp::OutRows, T * D);
+  if (d1 > d0) be.matmul(s, {.w = &A.wo_b, .x = z, .T = T, .y = fb + T * d0, .r0 = d0, .r1 = d1});
+  std::vector<int64_t> count(static_cast<size_t>(shard->world)), displ(static_cast<size_t>(shard->world));
+  for (int r = 0; r < shard->world; ++r) {
+    displ[r] = shard->part(D, r);
+    count[r] = shard->part(D, r + 1) - displ[r];
+  }
+  shard->comm->allgather_rows(fb, T, count, displ);
+  for (int r = 0; r < shard->world; ++r)
+    for (int64_t t = 0; t < T; ++t)
+      std::copy(fb + T * displ[r] + t * count[r], fb + T * displ[r] + (t + 1) * count[r], s.f + t * D + displ[r]);
 }
 
 }  // namespace dsv4

@@ -157,7 +157,7 @@ struct Swiglu {
 enum class Tmp {
   Qr, Q, Kv, CompA, CompG, IndexA, IndexG, IndexQ, IndexW, Sel, SelN, O, Z,  // attention
   GateLogits, ExpertIn, ExpertGate, ExpertUp, ExpertOut, ExpertAll,         // MoE
-  ZGroups, HeadRows,                                                        // tensor parallelism
+  ZGroups, OutRows, HeadRows,                                               // tensor parallelism
 };
 
 class Backend {

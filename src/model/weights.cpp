@@ -209,6 +209,7 @@ ModelWeights load_model(const std::string& dir, LoadMode mode, const Share& shar
         auto ends = [&](const std::string& suffix) { return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0; };
         if (ends(".attn.wq_b.weight")) rows[t.name_in(m.layout)] = {g0 * hg, g1 * hg};
         if (ends(".attn.wo_a.weight")) rows[t.name_in(m.layout)] = {g0 * c.o_lora, g1 * c.o_lora};
+        if (ends(".attn.wo_b.weight")) rows[t.name_in(m.layout)] = {share.part(c.dim, share.rank), share.part(c.dim, share.rank + 1)};
         if (n == "head.weight") rows[t.name_in(m.layout)] = {share.part(c.vocab, share.rank), share.part(c.vocab, share.rank + 1)};
       });
     }

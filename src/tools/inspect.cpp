@@ -70,7 +70,7 @@ std::string inspect_model(const std::string& dir, int world, bool ep, bool tp) {
   P("  %-15s %7s %14zu %7s %14zu\n", "total", "", held.main_bytes(), "", held.mtp_bytes());
   if (world > 1) {
     // EP: the routed experts split by id; TP: the rows of the attention's wq_b / wo_a (by output
-    // group) and of the head (by vocabulary row); everything else on every rank.
+    // group), wo_b (by output row) and the head (by vocabulary row); the rest on every rank.
     const int64_t E = c.n_experts, G = c.o_groups, V = c.vocab;
     auto ends = [](const std::string& n, const std::string& suffix) {
       return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -79,14 +79,15 @@ std::string inspect_model(const std::string& dir, int world, bool ep, bool tp) {
     size_t replicated = 0;
     for_each_tensor(w, [&](const TensorDesc& t, TensorTarget<true> x) {
       const size_t b = x.linear ? x.linear->stored_bytes() : x.floats ? x.floats->size() * 4 : x.ids ? x.ids->size() * 4 : 0;
-      const bool rows = tp && (ends(t.name, ".attn.wq_b.weight") || ends(t.name, ".attn.wo_a.weight") || t.name == "head.weight");
+      const bool wo_b = ends(t.name, ".attn.wo_b.weight");
+      const bool rows = tp && (ends(t.name, ".attn.wq_b.weight") || ends(t.name, ".attn.wo_a.weight") || wo_b || t.name == "head.weight");
       if (!(ep && t.expert >= 0) && !rows) replicated += b;
       for (int r = 0; r < world; ++r) {
         const Share sh{r, world, ep, tp};
         if (ep && t.expert >= 0) {
           if (ExpertSplit{r, world, E}.owns(t.expert)) resident[r] += b;
         } else if (rows) {
-          const int64_t n = t.name == "head.weight" ? V : G;  // rows split by vocabulary row or by group
+          const int64_t n = t.name == "head.weight" ? V : wo_b ? c.dim : G;  // by vocabulary row, output row or group
           resident[r] += static_cast<size_t>(static_cast<double>(b) * static_cast<double>(sh.part(n, r + 1) - sh.part(n, r)) / static_cast<double>(n));
         } else {
           resident[r] += b;
@@ -95,8 +96,8 @@ std::string inspect_model(const std::string& dir, int world, bool ep, bool tp) {
     });
     // Per decoded token, rank r sends to the other world - 1 ranks: EP, the token's expert output
     // rows (D floats) of its experts in every MoE layer of the main model (expected with routing
-    // spread evenly); TP, its groups' z blocks (o_lora floats each) in every layer and its
-    // vocabulary rows of the logits; rank 0 also the step request (under 64 bytes).
+    // spread evenly); TP, its groups' z blocks (o_lora floats each) and its output rows of wo_b
+    // in every layer, and its vocabulary rows of the logits; rank 0 also the step request (under 64 bytes).
     const double fl = 4.0, others = world - 1, L = static_cast<double>(c.n_layers);
     P("--parallel %s over %d ranks (the replicated part, %.1f MiB, on every rank):\n", ep && tp ? "ep+tp" : ep ? "ep" : "tp", world,
       static_cast<double>(replicated) / (1 << 20));
@@ -107,7 +108,9 @@ std::string inspect_model(const std::string& dir, int world, bool ep, bool tp) {
       const int64_t g0 = tp ? sh.part(G, r) : 0, g1 = tp ? sh.part(G, r + 1) : G;
       double sent = r == 0 ? 64.0 * others : 0.0;
       if (ep) sent += L * static_cast<double>(c.n_active) * static_cast<double>(es.end() - es.begin()) / static_cast<double>(E) * static_cast<double>(c.dim) * fl * others;
-      if (tp) sent += (L * static_cast<double>((g1 - g0) * c.o_lora) + static_cast<double>(sh.part(V, r + 1) - sh.part(V, r))) * fl * others;
+      if (tp)
+        sent += (L * static_cast<double>((g1 - g0) * c.o_lora + sh.part(c.dim, r + 1) - sh.part(c.dim, r)) +
+                 static_cast<double>(sh.part(V, r + 1) - sh.part(V, r))) * fl * others;
       char ex[48], gr[48];
       std::snprintf(ex, sizeof ex, "%lld-%lld", (long long)es.begin(), (long long)es.end() - 1);
       if (g1 > g0) std::snprintf(gr, sizeof gr, "%lld-%lld", (long long)g0, (long long)g1 - 1);

@@ -265,6 +265,7 @@ DeviceBuffer& CudaBackend::slot(Tmp which, size_t n) {
     case Tmp::ExpertOut: b = &ws_.y; break;
     case Tmp::ExpertAll:
     case Tmp::ZGroups:
+    case Tmp::OutRows:
     case Tmp::HeadRows: break;  // parallel runs use the CPU backend only
   }
   DSV4_CHECK(b != nullptr);
