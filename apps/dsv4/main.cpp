@@ -112,8 +112,8 @@ Commands:
   inspect     Describe a checkpoint: layout and formats, config summary, layer kinds, bytes
               per dtype.
       --model DIR
-      --parallel ep --world N   also each rank's resident weight bytes and the bytes it
-                         sends per decoded token when N processes split the experts
+      --parallel P --world N   (P: ep | tp | ep+tp) also each rank's share, resident
+                         weight bytes and bytes sent per decoded token for N processes
 
   bench       Measure prefill and decode speed against this machine's limits, measured in the
               same run (streaming-read bandwidth, FMA peak).
