@@ -748,6 +748,13 @@ void Engine::follow() {
             r.logits = m.get<Rows>();
             r.hidden = m.get<bool>();
             r.mtp_logits = m.get<bool>();
+            // Only rank 0 uses a step's logits: without TP (whose head is split, so every rank
+            // takes part) a follower skips the head. The state does not depend on it.
+            const Shard* sh = model_->shard();
+            if (!sh || !sh->tp) {
+              r.logits = Rows::None;
+              r.mtp_logits = false;
+            }
           }
           step(reqs);
           break;
