@@ -235,44 +235,58 @@ TEST(Cli, InspectDescribesCheckpoint) {
     EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
 }
 
-// `inspect --parallel ep --world N`: one line per rank, each holding the replicated part plus
-// its experts, so the ranks together hold the model plus (N - 1) copies of the replicated part,
-// and the rank with more experts sends more per token.
-TEST(Cli, InspectParallelSplitsTheExperts) {
+// `inspect --parallel ep|ep+tp --world N`: one line per rank, each holding the replicated part
+// plus its share, so the ranks together hold the model plus (N - 1) copies of the replicated
+// part; the rank with more experts (or groups) sends more per token.
+struct InspectRank {
+  int rank = -1;
+  std::string experts, groups;
+  double resident = 0, sent = 0;
+};
+
+static std::vector<InspectRank> inspect_parallel(const std::string& mode, int world, double* replicated, double* whole) {
   const std::string m = golden_dir("tiny-native") + "/model";
-  CommandResult r = run_command(std::string(DSV4_BIN) + " inspect --model " + m + " --parallel ep --world 3");
-  ASSERT_EQ(r.status, 0) << r.output;
-  const std::string& out = r.output;
-  const size_t at = out.find("--parallel ep over 3 ranks");
-  ASSERT_NE(at, std::string::npos) << out;
-  std::istringstream in(out.substr(at));
+  CommandResult r = run_command(std::string(DSV4_BIN) + " inspect --model " + m + " --parallel " + mode + " --world " + std::to_string(world));
+  EXPECT_EQ(r.status, 0) << r.output;
+  const size_t at = r.output.find("--parallel " + mode + " over " + std::to_string(world) + " ranks");
+  EXPECT_NE(at, std::string::npos) << r.output;
+  if (at == std::string::npos) return {};
+  std::istringstream in(r.output.substr(at));
   std::string line;
   std::getline(in, line);
-  const double replicated_mib = std::stod(line.substr(line.find("the rest, ") + 10));
+  *replicated = std::stod(line.substr(line.find("part, ") + 6)) * 1024 * 1024;
   std::getline(in, line);  // header
-  std::vector<double> resident, sent;
-  std::vector<std::string> ranges;
-  for (int r = 0; r < 3; ++r) {
+  std::vector<InspectRank> out(static_cast<size_t>(world));
+  for (InspectRank& x : out) {
     std::getline(in, line);
     std::istringstream f(line);
-    int rank;
-    std::string range;
-    double bytes, s;
-    f >> rank >> range >> bytes >> s;
-    EXPECT_EQ(rank, r) << line;
-    ranges.push_back(range);
-    resident.push_back(bytes);
-    sent.push_back(s);
+    f >> x.rank >> x.experts >> x.groups >> x.resident >> x.sent;
   }
   std::getline(in, line);
-  const double whole = std::stod(line.substr(line.find("one process: ") + 13));
-  EXPECT_EQ(ranges, (std::vector<std::string>{"0-1", "2-4", "5-7"}));  // 8 experts over 3 ranks
-  const double replicated = replicated_mib * 1024 * 1024;
-  EXPECT_NEAR(resident[0] + resident[1] + resident[2], whole + 2 * replicated, 0.1 * 1024 * 1024);
-  for (double b : resident) EXPECT_LT(b, whole);
-  EXPECT_EQ(resident[1], resident[2]);
-  EXPECT_LT(resident[0], resident[1]);
-  EXPECT_LT(sent[0], sent[1]);  // fewer experts, fewer rows to send (plus the small request)
+  *whole = std::stod(line.substr(line.find("one process: ") + 13));
+  return out;
+}
+
+TEST(Cli, InspectParallelSplitsTheModel) {
+  double replicated = 0, whole = 0;
+  std::vector<InspectRank> ep = inspect_parallel("ep", 3, &replicated, &whole);
+  ASSERT_EQ(ep.size(), 3u);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(ep[r].rank, r);
+  EXPECT_EQ(ep[0].experts + " " + ep[1].experts + " " + ep[2].experts, "0-1 2-4 5-7");  // 8 experts over 3 ranks
+  EXPECT_NEAR(ep[0].resident + ep[1].resident + ep[2].resident, whole + 2 * replicated, 0.1 * 1024 * 1024);
+  for (const InspectRank& x : ep) EXPECT_LT(x.resident, whole);
+  EXPECT_EQ(ep[1].resident, ep[2].resident);
+  EXPECT_LT(ep[0].resident, ep[1].resident);
+  EXPECT_LT(ep[0].sent, ep[1].sent);  // fewer experts, fewer rows to send (plus the small request)
+
+  // ep+tp: 2 output groups over 3 ranks: rank 0 holds none of them.
+  std::vector<InspectRank> both = inspect_parallel("ep+tp", 3, &replicated, &whole);
+  ASSERT_EQ(both.size(), 3u);
+  EXPECT_EQ(both[0].groups + " " + both[1].groups + " " + both[2].groups, "none 0-0 1-1");
+  EXPECT_NEAR(both[0].resident + both[1].resident + both[2].resident, whole + 2 * replicated, 0.1 * 1024 * 1024);
+  for (int r = 0; r < 3; ++r) EXPECT_LT(both[r].resident, ep[r].resident);  // the head's rows split too
+
+  const std::string m = golden_dir("tiny-native") + "/model";
   EXPECT_EQ(run_command(std::string(DSV4_BIN) + " inspect --model " + m + " --world 3").status, 2);  // --world needs --parallel
 }
 

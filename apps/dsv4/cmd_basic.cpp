@@ -128,8 +128,9 @@ int cmd_inspect(const Args& a) {
   const int64_t world = a.integer("world", 1);
   a.check_all_used();
   if (world < 1 || world > 4096) throw Usage("--world must be in [1, 4096], got " + std::to_string(world));
-  if (world > 1 && par == Parallel::None) throw Usage("--world needs --parallel ep");
-  std::fputs(inspect_model(dir, par == Parallel::None ? 1 : static_cast<int>(world)).c_str(), stdout);
+  if (world > 1 && par == Parallel::None) throw Usage("--world needs --parallel ep, tp or ep+tp");
+  const bool ep = par == Parallel::Ep || par == Parallel::EpTp, tp = par == Parallel::Tp || par == Parallel::EpTp;
+  std::fputs(inspect_model(dir, par == Parallel::None ? 1 : static_cast<int>(world), ep, tp).c_str(), stdout);
   return 0;
 }
 

@@ -43,11 +43,12 @@ Commands:
       --device D         cpu | cuda (default cpu). cuda needs a dsv4 built with CUDA and a
                          usable GPU, else exits 1 saying which is missing; its caches are
                          sized for the longest sequence given; no MTP on cuda yet
-      --parallel ep      under `mpirun -np N` (score, generate, chat, bench): the routed
-                         experts split by id across the N processes, the rest on each;
-                         rank 0 runs the command, the others follow it; logits bit-identical
-                         to one process (docs/parallel.md). Every rank needs the same
-                         arguments and the checkpoint at the same path
+      --parallel P       ep | tp | ep+tp, under `mpirun -np N` (score, generate, chat,
+                         bench): ep splits the routed experts by id across the N processes,
+                         tp the attention heads (by output group) and the head's vocabulary
+                         rows; the rest is on each; rank 0 runs the command, the others follow
+                         it; logits bit-identical to one process (docs/parallel.md). Every
+                         rank needs the same arguments and the checkpoint at the same path
 
   make-tiny   Write a random checkpoint at small dimensions that exercises every layer kind
               (window-only, CSA, HCA, hash-routed MoE, MTP).
@@ -111,8 +112,8 @@ Commands:
   inspect     Describe a checkpoint: layout and formats, config summary, layer kinds, bytes
               per dtype.
       --model DIR
-      --parallel ep --world N   also each rank's resident weight bytes and the bytes it
-                         sends per decoded token when N processes split the experts
+      --parallel P --world N   (P: ep | tp | ep+tp) also each rank's share, resident
+                         weight bytes and bytes sent per decoded token for N processes
 
   bench       Measure prefill and decode speed against this machine's limits, measured in the
               same run (streaming-read bandwidth, FMA peak).

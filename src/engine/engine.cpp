@@ -13,6 +13,7 @@
 #include "core/threads.h"
 #include "engine/lockstep.h"
 #include "io/safetensors.h"
+#include "kernels/cpu/qmatmul.h"
 #include "model/forward.h"
 #include "model/weights.h"
 #include "parallel/comm.h"
@@ -138,7 +139,9 @@ Device parse_device(const std::string& s) {
 Parallel parse_parallel(const std::string& s) {
   if (s == "none") return Parallel::None;
   if (s == "ep") return Parallel::Ep;
-  throw Error("--parallel must be none or ep, got '" + s + "'" + (s == "tp" || s == "ep+tp" ? " (tp is not built yet)" : ""));
+  if (s == "tp") return Parallel::Tp;
+  if (s == "ep+tp" || s == "tp+ep") return Parallel::EpTp;
+  throw Error("--parallel must be none, ep, tp or ep+tp, got '" + s + "'");
 }
 
 bool device_usable(Device d, std::string* why) {
@@ -178,7 +181,9 @@ Engine::Engine(const EngineOptions& o) {
       lockstep_->send(m);
     }
   }
-  const ExpertSplit split{rank, world, 0};
+  const bool ep = o.parallel == Parallel::Ep || o.parallel == Parallel::EpTp;
+  const bool tp = o.parallel == Parallel::Tp || o.parallel == Parallel::EpTp;
+  const Share share{rank, world, ep, tp};
   // Every rank loads its share; then the ranks agree that all of them could, on the same
   // checkpoint, before any of them goes on (a rank that failed alone would leave the others
   // waiting in the first collective).
@@ -186,7 +191,7 @@ Engine::Engine(const EngineOptions& o) {
   std::exception_ptr failed;
   try {
     set_threads(o.threads);
-    w = load_model(o.model_dir, to_load_mode(o.load), split);
+    w = load_model(o.model_dir, to_load_mode(o.load), share);
   } catch (...) {
     failed = std::current_exception();
   }
@@ -203,16 +208,20 @@ Engine::Engine(const EngineOptions& o) {
       for (const auto& f : w.store.files())
         for (const auto& [name, t] : f->tensors()) bytes += static_cast<double>(t.nbytes);
       const ModelConfig& c = w.cfg;
+      // The kernels' summation order depends on the instruction set (docs/design.md): ranks on
+      // different ISAs would compute different bits for the replicated parts, route tokens
+      // differently and disagree on what to exchange, so they must match (DSV4_ISA forces one).
       mine += "vocab " + std::to_string(c.vocab) + ", dim " + std::to_string(c.dim) + ", layers " + std::to_string(c.n_layers) +
-              ", experts " + std::to_string(c.n_experts) + ", " + std::to_string(static_cast<int64_t>(bytes)) + " tensor bytes";
+              ", experts " + std::to_string(c.n_experts) + ", " + std::to_string(static_cast<int64_t>(bytes)) + " tensor bytes, isa " +
+              isa_name(active_isa());
     }
     const std::vector<std::string> all = comm->allgather(mine);
     if (failed) std::rethrow_exception(failed);
     for (int r = 0; r < world; ++r) {
       if (all[r].rfind("error ", 0) == 0) throw Error("rank " + std::to_string(r) + ": " + all[r].substr(6));
       if (all[r] != all[0])
-        throw Error("rank " + std::to_string(r) + " loaded a different checkpoint than rank 0 (" + all[r].substr(3) + " vs " +
-                    all[0].substr(3) + ")");
+        throw Error("rank " + std::to_string(r) + " differs from rank 0 in its checkpoint or instruction set (" + all[r].substr(3) +
+                    " vs " + all[0].substr(3) + "; set DSV4_ISA to the same value on every rank if only the isa differs)");
     }
   } else if (failed) {
     std::rethrow_exception(failed);
@@ -234,13 +243,18 @@ Engine::Engine(const EngineOptions& o) {
   info_.hidden_size = c.hc * c.dim;
   info_.world = world;
   info_.rank = rank;
-  info_.parallel = o.parallel == Parallel::Ep ? "ep" : "none";
+  info_.parallel = ep && tp ? "ep+tp" : ep ? "ep" : tp ? "tp" : "none";
   for (const auto& f : w.store.files())
     for (const auto& [name, t] : f->tensors()) info_.weight_bytes += static_cast<double>(t.nbytes);
   if (o.device == Device::Cpu) {
     info_.device = "cpu";
     model_ = std::make_unique<Model>(std::move(w), make_cpu_backend);
-    if (world > 1) model_->set_shard({ExpertSplit{rank, world, c.n_experts}, comm});
+    if (world > 1) {
+      Shard sh;
+      static_cast<Share&>(sh) = share;
+      sh.comm = comm;
+      model_->set_shard(sh);
+    }
   } else {
 #ifdef DSV4_HAVE_CUDA
     info_.device = "cuda";
@@ -736,6 +750,13 @@ void Engine::follow() {
             r.logits = m.get<Rows>();
             r.hidden = m.get<bool>();
             r.mtp_logits = m.get<bool>();
+            // Only rank 0 uses a step's logits: without TP (whose head is split, so every rank
+            // takes part) a follower skips the head. The state does not depend on it.
+            const Shard* sh = model_->shard();
+            if (!sh || !sh->tp) {
+              r.logits = Rows::None;
+              r.mtp_logits = false;
+            }
           }
           step(reqs);
           break;

@@ -40,8 +40,9 @@ enum class Device { Cpu, Cuda };
 // most half of the available memory, else maps the files.
 enum class WeightLoad { Auto, Mmap, Read };
 // Multi-process runs (mpirun -np N; docs/parallel.md): None = one process; Ep = the routed
-// experts split by id across the ranks, everything else replicated.
-enum class Parallel { None, Ep };
+// experts split by id across the ranks; Tp = the attention heads (by output group) and the
+// head's vocabulary rows split; EpTp = both. What is not split is replicated.
+enum class Parallel { None, Ep, Tp, EpTp };
 
 struct EngineOptions {
   std::string model_dir;
@@ -72,7 +73,7 @@ struct ModelInfo {
   int64_t hidden_size = 0;    // floats in one row of final hidden state (hc * dim)
   double weight_bytes = 0;    // bytes of the checkpoint's tensors
   int world = 1, rank = 0;    // processes of a parallel run and this one's rank
-  std::string parallel;       // "none" | "ep"
+  std::string parallel;       // "none" | "ep" | "tp" | "ep+tp"
   int64_t memory_budget = 0;  // bytes the sequences' caches may reserve together (0 = no limit)
 };
 
@@ -228,7 +229,7 @@ class Engine {
 
 WeightLoad parse_weight_load(const std::string& s);  // "auto" | "mmap" | "read"; throws Error
 Device parse_device(const std::string& s);           // "cpu" | "cuda"; throws Error
-Parallel parse_parallel(const std::string& s);       // "none" | "ep"; throws Error
+Parallel parse_parallel(const std::string& s);       // "none" | "ep" | "tp" | "ep+tp"; throws Error
 // Whether this build can run on `d` here; when not, `why` says why.
 bool device_usable(Device d, std::string* why);
 

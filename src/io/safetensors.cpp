@@ -444,18 +444,23 @@ SafeTensorsFile::~SafeTensorsFile() {
 
 static size_t align64(size_t n) { return (n + 63) & ~size_t{63}; }
 
-size_t SafeTensorsFile::bytes_of(const std::function<bool(const std::string&)>& keep) const {
+size_t SafeTensorsFile::bytes_of(const ByteRange& range) const {
   size_t n = 0;
-  for (const auto& [name, t] : tensors_)
-    if (keep(name)) n += t.nbytes;
+  for (const auto& [name, t] : tensors_) {
+    const auto [b, e] = range(t);
+    n += e - b;
+  }
   return n;
 }
 
-void SafeTensorsFile::read_subset(const std::function<bool(const std::string&)>& keep) {
+void SafeTensorsFile::read_ranges(const ByteRange& range) {
   DSV4_CHECK(copy_ == nullptr);
   size_t total = 0;
-  for (const auto& [name, t] : tensors_)
-    if (keep(name)) total += align64(t.nbytes);
+  for (const auto& [name, t] : tensors_) {
+    const auto [b, e] = range(t);
+    DSV4_CHECK(b <= e && e <= t.nbytes);
+    if (e > b) total += align64(t.nbytes);
+  }
   if (total == 0) return;
   void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) fail(path_, "cannot allocate " + std::to_string(total) + " bytes: " + std::strerror(errno));
@@ -466,11 +471,13 @@ void SafeTensorsFile::read_subset(const std::function<bool(const std::string&)>&
   if (fd.fd < 0) fail(path_, std::string("cannot open: ") + std::strerror(errno));
   char* at = static_cast<char*>(mem);
   for (auto& [name, t] : tensors_) {
-    if (!keep(name)) continue;
-    const size_t off0 = static_cast<size_t>(t.data - static_cast<const uint8_t*>(map_));
-    for (size_t off = 0; off < t.nbytes;) {
-      const ssize_t k = ::pread(fd.fd, at + off, std::min<size_t>(t.nbytes - off, size_t{1} << 26), static_cast<off_t>(off0 + off));
-      if (k <= 0) fail(path_, "read failed at byte " + std::to_string(off0 + off) + ": " + (k == 0 ? "unexpected end of file" : std::strerror(errno)));
+    const auto [b, e] = range(t);
+    if (e <= b) continue;
+    const size_t base = static_cast<size_t>(t.data - static_cast<const uint8_t*>(map_));
+    for (size_t off = b; off < e;) {
+      const ssize_t k = ::pread(fd.fd, at + off, std::min<size_t>(e - off, size_t{1} << 26), static_cast<off_t>(base + off));
+      if (k <= 0)
+        fail(path_, "read failed at byte " + std::to_string(base + off) + ": " + (k == 0 ? "unexpected end of file" : std::strerror(errno)));
       off += static_cast<size_t>(k);
     }
     t.data = reinterpret_cast<const uint8_t*>(at);
@@ -481,22 +488,19 @@ void SafeTensorsFile::read_subset(const std::function<bool(const std::string&)>&
 
 // ---- TensorStore ------------------------------------------------------------------------
 
-TensorStore TensorStore::open_dir(const std::string& dir, LoadMode mode, const std::function<bool(const std::string&)>& keep) {
-  if (!keep) return open_dir(dir, mode);
-  // Index every file through a mapping, then decide on the bytes needed, not the files' size.
-  TensorStore store = open_dir(dir, LoadMode::Mmap);
+void TensorStore::hold(LoadMode mode, const ByteRange& range) {
+  DSV4_CHECK(mode_ == LoadMode::Mmap);
   uint64_t total = 0;
-  for (const auto& f : store.files_) total += f->bytes_of(keep);
+  for (const auto& f : files_) total += f->bytes_of(range);
   const uint64_t avail = available_memory_bytes();
   if (mode == LoadMode::Auto) mode = avail > 0 && total <= avail / 2 ? LoadMode::Read : LoadMode::Mmap;
   if (mode == LoadMode::Read && avail > 0 && total > avail)
-    throw Error(dir + ": --load read needs " + fmt_gb(total) + " of memory for this process's weights but " + fmt_gb(avail) +
+    throw Error(dir_ + ": --load read needs " + fmt_gb(total) + " of memory for this process's weights but " + fmt_gb(avail) +
                     " are available (use --load mmap)",
                 ErrorKind::ResourceExhausted);
-  store.mode_ = mode;
+  mode_ = mode;
   if (mode == LoadMode::Read)
-    for (auto& f : store.files_) f->read_subset(keep);
-  return store;
+    for (auto& f : files_) f->read_ranges(range);
 }
 
 TensorStore TensorStore::open_dir(const std::string& dir, LoadMode mode) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dsv4 {
@@ -15,6 +16,10 @@ enum class DType { F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, BO
 const char* dtype_name(DType t);        // the safetensors spelling, e.g. "F8_E4M3"
 size_t dtype_size(DType t);             // bytes per element
 bool dtype_from_name(const std::string& s, DType* out);
+
+struct TensorInfo;
+// The bytes [first, second) of a tensor a process needs ({0, 0}: none; {0, nbytes}: all).
+using ByteRange = std::function<std::pair<size_t, size_t>(const TensorInfo&)>;
 
 struct TensorInfo {
   std::string name;
@@ -56,18 +61,20 @@ class SafeTensorsFile {
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   size_t file_size() const { return size_; }
-  // For a mapped file: reads the tensors `keep` names into anonymous memory (huge pages
-  // advised) and points them there; the others stay mapped and, never touched, take no memory.
-  // A process that holds only part of the model (docs/parallel.md) reads only that part.
-  void read_subset(const std::function<bool(const std::string&)>& keep);
-  size_t bytes_of(const std::function<bool(const std::string&)>& keep) const;
+  // For a mapped file: reads the byte range `range` gives of each tensor into anonymous memory
+  // (huge pages advised) and points the tensor there. A tensor read in part keeps its whole
+  // size of address space, but only the pages read become resident; tensors not read stay
+  // mapped and, never touched, take no memory either. A process that holds only part of the
+  // model (docs/parallel.md: some experts, some rows of a matrix) reads only that part.
+  void read_ranges(const ByteRange& range);
+  size_t bytes_of(const ByteRange& range) const;
 
  private:
   SafeTensorsFile() = default;
   std::string path_;
   void* map_ = nullptr;
   size_t size_ = 0;
-  void* copy_ = nullptr;  // read_subset's memory
+  void* copy_ = nullptr;  // read_ranges' memory
   size_t copy_size_ = 0;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
@@ -82,9 +89,10 @@ class TensorStore {
   // Auto is resolved here (load_mode() tells the outcome). Reading more than 1 GiB prints one
   // progress line to stderr.
   static TensorStore open_dir(const std::string& dir, LoadMode mode = LoadMode::Mmap);  // throws dsv4::Error
-  // Only the tensors `keep` names are needed (the others are never read): Read and Auto count
-  // and read only those bytes; every tensor is still indexed and validated.
-  static TensorStore open_dir(const std::string& dir, LoadMode mode, const std::function<bool(const std::string&)>& keep);
+  // After open_dir(dir, Mmap): only the bytes `range` gives are needed (the others are never
+  // read). Resolves `mode` on those bytes (Auto: Read when they take at most half of the
+  // available memory) and, for Read, reads them into memory (SafeTensorsFile::read_ranges).
+  void hold(LoadMode mode, const ByteRange& range);
   TensorStore() = default;
   TensorStore(TensorStore&&) = default;
   TensorStore& operator=(TensorStore&&) = default;

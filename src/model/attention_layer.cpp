@@ -5,6 +5,7 @@
 
 #include "core/arena.h"
 #include "model/layers.h"
+#include "parallel/comm.h"
 
 namespace dsv4 {
 
@@ -38,10 +39,16 @@ IndexerRows indexer_rows(Backend& be, const ModelConfig& c, int64_t l, const Ind
 
 }  // namespace
 
-void attention_layer(Backend& be, const ModelConfig& c, int64_t l, const LayerW& L, Backend::Step& s) {
+void attention_layer(Backend& be, const ModelConfig& c, int64_t l, const LayerW& L, Backend::Step& s, const Shard* shard) {
   const AttentionW& A = L.attn;
   const LayerKind kind = L.kind();
-  const int64_t T = s.T, H = c.n_heads, d = c.head_dim, Qr = c.q_lora;
+  const int64_t T = s.T, d = c.head_dim, Qr = c.q_lora;
+  // Tensor parallelism (docs/parallel.md): this rank's output groups [g0, g1) and their heads
+  // [h0, h0 + H); every dot product is still computed whole (only output rows are split).
+  const int64_t G = c.o_groups, Ro = c.o_lora, gw = c.n_heads * d / G;
+  const bool tp = shard && shard->tp;
+  const int64_t g0 = tp ? shard->part(G, shard->rank) : 0, g1 = tp ? shard->part(G, shard->rank + 1) : G;
+  const int64_t h0 = g0 * c.n_heads / G, H = (g1 - g0) * c.n_heads / G;
   const double eps = static_cast<float>(c.eps);  // attention's norms take eps rounded to float32
 
   // Projections run over all rows of the step (each weight read once); per-row stages take the
@@ -53,8 +60,10 @@ void attention_layer(Backend& be, const ModelConfig& c, int64_t l, const LayerW&
   // Queries: low-rank path, unweighted per-head norm, RoPE.
   be.matmul(s, {&A.wq_a, s.x, T, qr});
   be.rmsnorm(s, {qr, T, Qr, &A.q_norm, eps});
-  be.matmul(s, {&A.wq_b, qr, T, q});
-  be.vec_ops(s, {.v = q, .heads = H, .dim = d, .norm = VecNorm::Rms, .eps = eps, .rope = RopeDir::Forward, .layer = l});
+  if (H > 0) {  // a TP rank may hold no group when there are more ranks than groups
+    be.matmul(s, {.w = &A.wq_b, .x = qr, .T = T, .y = q, .r0 = h0 * d, .r1 = (h0 + H) * d});
+    be.vec_ops(s, {.v = q, .heads = H, .dim = d, .norm = VecNorm::Rms, .eps = eps, .rope = RopeDir::Forward, .layer = l});
+  }
   // The single KV head: norm, RoPE, FP8 simulation of the non-RoPE part.
   be.matmul(s, {&A.wkv, s.x, T, kv});
   be.vec_ops(s, {.v = kv, .dim = d, .norm = VecNorm::Rms, .weight = &A.kv_norm, .eps = eps, .rope = RopeDir::Forward,
@@ -80,17 +89,48 @@ void attention_layer(Backend& be, const ModelConfig& c, int64_t l, const LayerW&
       be.compress(s, {&seq, l, Comp::Index, ix.a, ix.g});
       be.index_topk(s, {&seq, l, ix.q, ix.w, ix.sel, ix.sel_n});
     }
-    be.attend(s, {&seq, l, q, kv, ix.sel, ix.sel_n, o});
+    be.attend(s, {.seq = &seq, .layer = l, .q = q, .kv = kv, .sel = ix.sel, .sel_n = ix.sel_n, .out = o, .h0 = h0,
+                  .heads = tp ? H : -1});
   }
-  be.vec_ops(s, {.v = o, .heads = H, .dim = d, .rope = RopeDir::Inverse, .layer = l});
+  if (H > 0) be.vec_ops(s, {.v = o, .heads = H, .dim = d, .rope = RopeDir::Inverse, .layer = l});
 
   // Grouped low-rank output projection: group g's heads through rows [g*Ro, (g+1)*Ro) of wo_a.
-  const int64_t G = c.o_groups, Ro = c.o_lora, gw = H * d / G;
   float* z = be.tmp(s, Tmp::Z, T * G * Ro);  // each group writes its Ro columns
-  for (int64_t g = 0; g < G; ++g)
-    be.matmul(s, {.w = &A.wo_a, .x = o + g * gw, .T = T, .y = z + g * Ro, .r0 = g * Ro, .r1 = (g + 1) * Ro, .ldx = H * d,
-                  .ldy = G * Ro});
-  be.matmul(s, {&A.wo_b, z, T, s.f});
+  if (!tp) {
+    for (int64_t g = 0; g < G; ++g)
+      be.matmul(s, {.w = &A.wo_a, .x = o + g * gw, .T = T, .y = z + g * Ro, .r0 = g * Ro, .r1 = (g + 1) * Ro, .ldx = H * d,
+                    .ldy = G * Ro});
+  } else {
+    // Each group's [T, Ro] block contiguous (group after group), so a rank's groups are one run
+    // of rows for the allgather; then the blocks go to their columns of z.
+    float* zg = be.tmp(s, Tmp::ZGroups, G * T * Ro);
+    for (int64_t g = g0; g < g1; ++g)
+      be.matmul(s, {.w = &A.wo_a, .x = o + (g - g0) * gw, .T = T, .y = zg + g * T * Ro, .r0 = g * Ro, .r1 = (g + 1) * Ro,
+                    .ldx = H * d, .ldy = Ro});
+    std::vector<int64_t> count(static_cast<size_t>(shard->world)), displ(static_cast<size_t>(shard->world));
+    for (int r = 0; r < shard->world; ++r) {
+      displ[r] = shard->part(G, r) * T;
+      count[r] = shard->part(G, r + 1) * T - displ[r];
+    }
+    shard->comm->allgather_rows(zg, Ro, count, displ);
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t t = 0; t < T; ++t) std::copy(zg + (g * T + t) * Ro, zg + (g * T + t + 1) * Ro, z + t * G * Ro + g * Ro);
+  }
+  if (!tp) return be.matmul(s, {&A.wo_b, z, T, s.f});
+  // wo_b by its output rows too: this rank's [T, D_r] block of f, the blocks back to back (each
+  // T * D_r floats: one allgather in units of T floats), then spread into f [T, D].
+  const int64_t D = c.dim, d0 = shard->part(D, shard->rank), d1 = shard->part(D, shard->rank + 1);
+  float* fb = be.tmp(s, Tmp::OutRows, T * D);
+  if (d1 > d0) be.matmul(s, {.w = &A.wo_b, .x = z, .T = T, .y = fb + T * d0, .r0 = d0, .r1 = d1});
+  std::vector<int64_t> count(static_cast<size_t>(shard->world)), displ(static_cast<size_t>(shard->world));
+  for (int r = 0; r < shard->world; ++r) {
+    displ[r] = shard->part(D, r);
+    count[r] = shard->part(D, r + 1) - displ[r];
+  }
+  shard->comm->allgather_rows(fb, T, count, displ);
+  for (int r = 0; r < shard->world; ++r)
+    for (int64_t t = 0; t < T; ++t)
+      std::copy(fb + T * displ[r] + t * count[r], fb + T * displ[r] + (t + 1) * count[r], s.f + t * D + displ[r]);
 }
 
 }  // namespace dsv4

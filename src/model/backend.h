@@ -122,6 +122,9 @@ struct Attend {
   const int32_t* sel = nullptr;
   const int32_t* sel_n = nullptr;
   float* out = nullptr;
+  // Tensor parallelism: q and out hold `heads` heads starting at head h0 (-1: all of them).
+  // Each head's attention is independent of the others, so a subset gives the same bits.
+  int64_t h0 = 0, heads = -1;
 };
 
 // MoE routing of every row from its gate logits [T, E]: the n_active experts (the top scores
@@ -169,6 +172,7 @@ struct Swiglu {
 enum class Tmp {
   Qr, Q, Kv, CompA, CompG, IndexA, IndexG, IndexQ, IndexW, Sel, SelN, O, Z,  // attention
   GateLogits, ExpertIn, ExpertGate, ExpertUp, ExpertOut, ExpertAll,         // MoE
+  ZGroups, OutRows, HeadRows,                                               // tensor parallelism
 };
 
 class Backend {

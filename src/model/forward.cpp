@@ -5,6 +5,7 @@
 #include "core/arena.h"
 #include "core/error.h"
 #include "model/layers.h"
+#include "parallel/comm.h"
 
 namespace dsv4 {
 
@@ -63,7 +64,7 @@ void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
     const LayerW& L = w_->layer(l);
     be.hc_pre(l, Sub::Attn, s);
     be.rmsnorm(s, {s.x, s.T, c.dim, &L.attn_norm, c.eps});
-    attention_layer(be, c, l, L, s);
+    attention_layer(be, c, l, L, s, shard());
     be.hc_post(s);
 
     be.hc_pre(l, Sub::Ffn, s);
@@ -108,11 +109,11 @@ void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
   }
   // Straight into the callers' buffers when there is only one; else through one host buffer.
   if (in.size() == 1 && in[0].logits_out && !in[0].argmax_out) {
-    be.logits(s, n, in[0].logits_out);
+    logits(s, n, in[0].logits_out);
     return be.end(s);
   }
   std::vector<float> out(static_cast<size_t>(n * V));
-  be.logits(s, n, out.data());
+  logits(s, n, out.data());
   be.end(s);
   const float* src = out.data();
   for (const SeqInput& si : in) {
@@ -121,6 +122,27 @@ void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
     for (int64_t r = 0; r < k && si.argmax_out; ++r)
       si.argmax_out[r] = static_cast<int32_t>(std::max_element(src + r * V, src + (r + 1) * V) - (src + r * V));
     src += k * V;
+  }
+}
+
+void Model::logits(Backend::Step& s, int64_t n, float* out) const {
+  const Shard* sh = shard();
+  if (!sh || !sh->tp) return backend_->logits(s, n, out);
+  // TP: this rank's vocabulary rows, as rank blocks [n, V_r] back to back (each block n * V_r
+  // floats, so one allgather in units of n floats moves them), then spread into [n, V].
+  const int64_t V = w_->cfg.vocab;
+  float* blk = backend_->tmp(s, Tmp::HeadRows, n * V);
+  const int64_t v0 = sh->part(V, sh->rank), v1 = sh->part(V, sh->rank + 1);
+  if (v1 > v0) backend_->matmul(s, {.w = &w_->head, .x = s.x, .T = n, .y = blk + n * v0, .r0 = v0, .r1 = v1});
+  std::vector<int64_t> count(static_cast<size_t>(sh->world)), displ(static_cast<size_t>(sh->world));
+  for (int r = 0; r < sh->world; ++r) {
+    displ[r] = sh->part(V, r);
+    count[r] = sh->part(V, r + 1) - displ[r];
+  }
+  sh->comm->allgather_rows(blk, n, count, displ);
+  for (int r = 0; r < sh->world; ++r) {
+    const float* b = blk + n * displ[r];
+    for (int64_t t = 0; t < n; ++t) std::copy(b + t * count[r], b + (t + 1) * count[r], out + t * V + displ[r]);
   }
 }
 

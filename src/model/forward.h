@@ -44,10 +44,11 @@ class Model {
   bool has_mtp() const { return w_->mtp.has_value(); }
   int64_t hidden_size() const { return w_->cfg.hc * w_->cfg.dim; }
 
-  // Expert parallelism: this process holds only shard.split's experts (the loader bound only
-  // those) and every MoE layer exchanges expert outputs through shard.comm.
-  void set_shard(const MoeShard& shard) { shard_ = shard; }
-  const MoeShard* shard() const { return shard_.comm ? &shard_ : nullptr; }
+  // A parallel run (docs/parallel.md): EP, this process holds only its experts (the loader bound
+  // only those) and every MoE layer exchanges expert outputs; TP, it computes its attention
+  // groups and head rows and exchanges those. Through shard.comm.
+  void set_shard(const Shard& shard) { shard_ = shard; }
+  const Shard* shard() const { return shard_.comm ? &shard_ : nullptr; }
 
   SequenceState new_sequence() const { return backend_->new_sequence(); }
   SequenceState fork(const SequenceState& st) const { return backend_->fork(st); }
@@ -61,10 +62,12 @@ class Model {
 
  private:
   void run(Stack stack, const std::vector<SeqInput>& in) const;
+  // out (host, [n, vocab]) = head(s.x[0..n)); TP: each rank's vocabulary rows, gathered.
+  void logits(Backend::Step& s, int64_t n, float* out) const;
 
   std::unique_ptr<ModelWeights> w_;  // a fixed address for the backend's references
   std::unique_ptr<Backend> backend_;
-  MoeShard shard_;
+  Shard shard_;
 };
 
 }  // namespace dsv4

@@ -42,7 +42,7 @@ void run_expert(Backend& be, const ModelConfig& c, const ExpertW& w, Backend::St
 
 }  // namespace
 
-void moe_layer(Backend& be, const ModelConfig& c, const LayerW& L, Backend::Step& s, const MoeShard* shard) {
+void moe_layer(Backend& be, const ModelConfig& c, const LayerW& L, Backend::Step& s, const Shard* shard) {
   const MoEW& F = L.ffn;
   const int64_t T = s.T, E = c.n_experts, k = c.n_active, Tk = T * k;
 
@@ -81,7 +81,7 @@ void moe_layer(Backend& be, const ModelConfig& c, const LayerW& L, Backend::Step
   // Experts in ascending id, then the shared expert, each adding into f: per output the same
   // sequence of float additions on every backend and in every batch.
   be.zero_f(s);
-  if (!shard || !shard->split.active()) {
+  if (!shard || !shard->ep) {
     for (int64_t e = 0; e < E; ++e) {
       const int64_t n = first[e + 1] - first[e];
       if (n > 0) run_expert(be, c, F.experts[e], s, lists.rows + first[e], lists.weights + first[e], n);
@@ -91,7 +91,7 @@ void moe_layer(Backend& be, const ModelConfig& c, const LayerW& L, Backend::Step
     // the expert-ordered rows Y (each expert's output rows computed whole, as one process
     // would), the allgather brings every rank's block, and every rank adds all experts into f
     // in ascending id with the same scatter_add as above: the same additions in the same order.
-    const ExpertSplit& sp = shard->split;
+    const ExpertSplit sp{shard->rank, shard->world, E};
     float* Y = be.tmp(s, Tmp::ExpertAll, Tk * c.dim);
     for (int64_t e = sp.begin(); e < sp.end(); ++e) {
       const int64_t n = first[e + 1] - first[e];

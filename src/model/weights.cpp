@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "core/error.h"
@@ -185,30 +186,48 @@ static int64_t routed_expert_of(const std::string& name) {
   return i < name.size() && name[i] == '.' ? e : -1;
 }
 
-ModelWeights load_model(const std::string& dir, LoadMode mode) { return load_model(dir, mode, ExpertSplit{}); }
+ModelWeights load_model(const std::string& dir, LoadMode mode) { return load_model(dir, mode, Share{}); }
 
-ModelWeights load_model(const std::string& dir, LoadMode mode, const ExpertSplit& split) {
+ModelWeights load_model(const std::string& dir, LoadMode mode, const Share& share) {
   ModelWeights m;
   m.dir = dir;
   const std::string cfg_path = (std::filesystem::path(dir) / "config.json").string();
   if (!std::filesystem::exists(cfg_path)) throw Error(dir + ": no config.json (is this a model directory?)");
   m.cfg = load_config(cfg_path);
-  if (split.active()) {
-    ExpertSplit sp = split;
-    sp.experts = m.cfg.n_experts;
-    m.store = TensorStore::open_dir(dir, mode, [sp](const std::string& name) {
-      const int64_t e = routed_expert_of(name);
-      return e < 0 || sp.owns(e);
-    });
-  } else {
-    m.store = TensorStore::open_dir(dir, mode);
-  }
+  const ModelConfig& c = m.cfg;
+  const ExpertSplit experts = share.ep ? ExpertSplit{share.rank, share.world, c.n_experts} : ExpertSplit{0, 1, c.n_experts};
+  m.store = TensorStore::open_dir(dir, share.active() ? LoadMode::Mmap : mode);
   m.layout = m.store.has("model.embed_tokens.weight") ? Layout::HF : Layout::Native;
+  if (share.active()) {
+    // This rank's rows of the matrices TP splits along their output rows, by checkpoint name.
+    std::map<std::string, std::pair<int64_t, int64_t>> rows;
+    if (share.tp) {
+      const int64_t G = c.o_groups, g0 = share.part(G, share.rank), g1 = share.part(G, share.rank + 1);
+      const int64_t hg = c.n_heads / G * c.head_dim;  // wq_b rows per group
+      for_each_tensor(c, [&](const TensorDesc& t) {
+        const std::string& n = t.name;
+        auto ends = [&](const std::string& suffix) { return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0; };
+        if (ends(".attn.wq_b.weight")) rows[t.name_in(m.layout)] = {g0 * hg, g1 * hg};
+        if (ends(".attn.wo_a.weight")) rows[t.name_in(m.layout)] = {g0 * c.o_lora, g1 * c.o_lora};
+        if (ends(".attn.wo_b.weight")) rows[t.name_in(m.layout)] = {share.part(c.dim, share.rank), share.part(c.dim, share.rank + 1)};
+        if (n == "head.weight") rows[t.name_in(m.layout)] = {share.part(c.vocab, share.rank), share.part(c.vocab, share.rank + 1)};
+      });
+    }
+    m.store.hold(mode, [&](const TensorInfo& t) -> std::pair<size_t, size_t> {
+      const int64_t e = routed_expert_of(t.name);
+      if (e >= 0 && !experts.owns(e)) return {0, 0};
+      auto it = rows.find(t.name);
+      if (it == rows.end() || t.shape.empty() || t.shape[0] <= 0) return {0, t.nbytes};
+      // Every stored form keeps a row's bytes together, rows in order (FP4: [rows, cols / 2]).
+      const size_t row = t.nbytes / static_cast<size_t>(t.shape[0]);
+      return {static_cast<size_t>(it->second.first) * row, static_cast<size_t>(it->second.second) * row};
+    });
+  }
   Binder b(m.store, m.layout);
   // The list gives each tensor's name, shape and kind; the binder finds it in the checkpoint,
   // checks it and converts the small ones.
   for_each_tensor(m, [&](const TensorDesc& t, TensorTarget<false> x) {
-    if (split.active() && t.expert >= 0 && !ExpertSplit{split.rank, split.world, m.cfg.n_experts}.owns(t.expert)) return;
+    if (t.expert >= 0 && !experts.owns(t.expert)) return;
     switch (t.kind()) {
       case TensorKind::Linear: *x.linear = b.linear(t.base(), t.shape[0], t.shape[1]); break;
       case TensorKind::Floats: *x.floats = b.floats(t.name, t.shape); break;

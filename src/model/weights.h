@@ -94,8 +94,10 @@ struct ModelWeights {
 // naming the missing tensor or the one whose dtype/shape disagrees with the config. `mode` says
 // how the checkpoint bytes get into memory (see LoadMode).
 ModelWeights load_model(const std::string& dir, LoadMode mode = LoadMode::Auto);
-// Expert parallelism: binds (and reads) only the routed experts `split` gives this rank; the
-// others stay empty QWeights (rows == 0) and their bytes are never touched.
-ModelWeights load_model(const std::string& dir, LoadMode mode, const ExpertSplit& split);
+// A rank of a parallel run: EP binds (and reads) only the routed experts `share` gives this rank,
+// the others stay empty QWeights (rows == 0) whose bytes are never touched; TP binds the whole
+// attention wq_b / wo_a and head matrices but reads only this rank's rows of them (the rest of
+// each stays untouched address space).
+ModelWeights load_model(const std::string& dir, LoadMode mode, const Share& share);
 
 }  // namespace dsv4

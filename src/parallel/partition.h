@@ -18,4 +18,14 @@ struct ExpertSplit {
   bool active() const { return world > 1; }
 };
 
+// What this rank of a parallel run holds: EP, its experts; TP, its attention output groups
+// (and their heads) and its vocabulary rows of the head. Each split is contiguous and balanced:
+// rank r holds [part(n, r), part(n, r + 1)) of n things.
+struct Share {
+  int rank = 0, world = 1;
+  bool ep = false, tp = false;
+  int64_t part(int64_t n, int r) const { return n * r / world; }
+  bool active() const { return world > 1 && (ep || tp); }
+};
+
 }  // namespace dsv4

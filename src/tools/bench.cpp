@@ -83,6 +83,8 @@ BenchResult run_bench(const BenchOptions& o) {
   Engine engine(eo);
   const ModelInfo& info = engine.info();
   r.load = info.load;
+  r.world = info.world;
+  r.parallel = info.parallel;
   r.mapped_weights_mb = info.weight_bytes / (1024.0 * 1024.0);
   const int64_t V = info.vocab;
 
@@ -133,6 +135,7 @@ BenchResult run_bench(const BenchOptions& o) {
     std::vector<StepRequest> reqs(static_cast<size_t>(B));
     for (int64_t b = 0; b < B; ++b) reqs[b].seq = B > 1 ? &forks[b] : &seq;
     const MatmulCounters c0 = matmul_counters();
+    const uint64_t sent0 = engine.bytes_sent();
     t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < o.gen; ++i) {
       for (int64_t b = 0; b < B; ++b) reqs[b].tokens.assign(1, next[b]);
@@ -151,6 +154,7 @@ BenchResult run_bench(const BenchOptions& o) {
       r.decode_s = s;
       r.decode_tok_s = static_cast<double>(o.gen) / s;
       r.decode_bytes_per_token = row.bytes_per_step;
+      r.decode_sent_per_token = static_cast<double>(engine.bytes_sent() - sent0) / static_cast<double>(o.gen);
     }
   }
   MatmulCounters after = matmul_counters();
@@ -251,6 +255,12 @@ std::string bench_json(const BenchResult& r) {
                 static_cast<long long>(r.gen), r.prefill_flops_per_token, r.isa.c_str(), r.load.c_str(), r.device.c_str(),
                 static_cast<long long>(r.kv_positions), r.kv_bytes, r.kv_bound_bytes);
   std::string out = buf;
+  if (r.world > 1) {
+    out.pop_back();
+    std::snprintf(buf, sizeof buf, ", \"world\": %d, \"parallel\": \"%s\", \"decode_bytes_sent_per_token_rank0\": %.6g}", r.world,
+                  r.parallel.c_str(), r.decode_sent_per_token);
+    out += buf;
+  }
   if (r.batch_rows.size() > 1 || (r.batch_rows.size() == 1 && r.batch_rows[0].batch != 1)) {
     out.pop_back();
     out += ", \"batches\": [";
@@ -292,6 +302,11 @@ std::string bench_table(const BenchResult& r) {
                 r.prefill_flops_per_token * r.prefill_tok_s / 1e9, 100 * r.prefill_roofline_ratio, static_cast<long long>(r.gen),
                 r.decode_tok_s, r.decode_bytes_per_token / 1e6, 100 * r.decode_roofline_ratio, r.peak_rss_mb, r.mapped_weights_mb);
   std::string out = buf;
+  if (r.world > 1) {
+    std::snprintf(buf, sizeof buf, "parallel  %s over %d processes: rank 0 sent %.0f bytes per decoded token\n", r.parallel.c_str(),
+                  r.world, r.decode_sent_per_token);
+    out += buf;
+  }
   if (r.kv_positions > 0) {
     std::snprintf(buf, sizeof buf, "cache     %lld positions: %.2f MB (%.1f bytes/position), reserved bound %.2f MB\n",
                   static_cast<long long>(r.kv_positions), r.kv_bytes / 1e6, r.kv_bytes / static_cast<double>(r.kv_positions),

@@ -55,6 +55,10 @@ struct BenchResult {
   double mem_bw_gb_s = 0, peak_gflop_s = 0;
   double decode_roofline_ratio = 0, prefill_roofline_ratio = 0;
   double peak_rss_mb = 0, mapped_weights_mb = 0;
+  // Parallel runs (mpirun): processes, mode, and the bytes rank 0 sent per batch-1 decode token.
+  int world = 1;
+  std::string parallel = "none";
+  double decode_sent_per_token = 0;
   std::string isa;
   std::string load;  // how the weights were loaded: mmap | read
   std::string device = "cpu";

@@ -18,7 +18,7 @@ namespace {
 #define P(...) (std::snprintf(buf, sizeof buf, __VA_ARGS__), out += buf)
 }  // namespace
 
-std::string inspect_model(const std::string& dir, int world) {
+std::string inspect_model(const std::string& dir, int world, bool ep, bool tp) {
   std::string out;
   char buf[512];
   ModelWeights w = load_model(dir, LoadMode::Mmap);  // looks at headers only
@@ -69,35 +69,55 @@ std::string inspect_model(const std::string& dir, int world) {
   }
   P("  %-15s %7s %14zu %7s %14zu\n", "total", "", held.main_bytes(), "", held.mtp_bytes());
   if (world > 1) {
-    // Expert parallelism: the routed experts split by id, everything else on every rank.
-    const int64_t E = c.n_experts;
+    // EP: the routed experts split by id; TP: the rows of the attention's wq_b / wo_a (by output
+    // group), wo_b (by output row) and the head (by vocabulary row); the rest on every rank.
+    const int64_t E = c.n_experts, G = c.o_groups, V = c.vocab;
+    auto ends = [](const std::string& n, const std::string& suffix) {
+      return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    std::vector<size_t> resident(static_cast<size_t>(world), 0);
     size_t replicated = 0;
-    std::vector<size_t> experts(static_cast<size_t>(E), 0);
     for_each_tensor(w, [&](const TensorDesc& t, TensorTarget<true> x) {
       const size_t b = x.linear ? x.linear->stored_bytes() : x.floats ? x.floats->size() * 4 : x.ids ? x.ids->size() * 4 : 0;
-      if (t.expert >= 0) experts[static_cast<size_t>(t.expert)] += b;
-      else replicated += b;
+      const bool wo_b = ends(t.name, ".attn.wo_b.weight");
+      const bool rows = tp && (ends(t.name, ".attn.wq_b.weight") || ends(t.name, ".attn.wo_a.weight") || wo_b || t.name == "head.weight");
+      if (!(ep && t.expert >= 0) && !rows) replicated += b;
+      for (int r = 0; r < world; ++r) {
+        const Share sh{r, world, ep, tp};
+        if (ep && t.expert >= 0) {
+          if (ExpertSplit{r, world, E}.owns(t.expert)) resident[r] += b;
+        } else if (rows) {
+          const int64_t n = t.name == "head.weight" ? V : wo_b ? c.dim : G;  // by vocabulary row, output row or group
+          resident[r] += static_cast<size_t>(static_cast<double>(b) * static_cast<double>(sh.part(n, r + 1) - sh.part(n, r)) / static_cast<double>(n));
+        } else {
+          resident[r] += b;
+        }
+      }
     });
-    // Per decoded token, every MoE layer of the main model exchanges the token's k expert output
-    // rows (D floats each): rank r sends those of its experts to the other world - 1 ranks;
-    // expected with routing spread evenly over the experts. Rank 0 also broadcasts the step
-    // request (sequence id, token id: under 64 bytes).
-    const double row = static_cast<double>(c.dim) * 4.0;
-    P("--parallel ep over %d ranks (routed experts split by id; the rest, %.1f MiB, on every rank):\n", world,
+    // Per decoded token, rank r sends to the other world - 1 ranks: EP, the token's expert output
+    // rows (D floats) of its experts in every MoE layer of the main model (expected with routing
+    // spread evenly); TP, its groups' z blocks (o_lora floats each) and its output rows of wo_b
+    // in every layer, and its vocabulary rows of the logits; rank 0 also the step request (under 64 bytes).
+    const double fl = 4.0, others = world - 1, L = static_cast<double>(c.n_layers);
+    P("--parallel %s over %d ranks (the replicated part, %.1f MiB, on every rank):\n", ep && tp ? "ep+tp" : ep ? "ep" : "tp", world,
       static_cast<double>(replicated) / (1 << 20));
-    P("  %4s %11s %16s %22s\n", "rank", "experts", "resident bytes", "sent / decoded token");
+    P("  %4s %11s %11s %16s %22s\n", "rank", "experts", "groups", "resident bytes", "sent / decoded token");
     for (int r = 0; r < world; ++r) {
-      const ExpertSplit sp{r, world, E};
-      size_t mine = 0;
-      for (int64_t e = sp.begin(); e < sp.end(); ++e) mine += experts[static_cast<size_t>(e)];
-      const double share = static_cast<double>(sp.end() - sp.begin()) / static_cast<double>(E);
-      const double sent = static_cast<double>(c.n_layers) * static_cast<double>(c.n_active) * share * row * (world - 1) + (r == 0 ? 64.0 * (world - 1) : 0.0);
-      char range[48];
-      std::snprintf(range, sizeof range, "%lld-%lld", (long long)sp.begin(), (long long)sp.end() - 1);
-      P("  %4d %11s %16zu %20.0f B\n", r, range, replicated + mine, sent);
+      const Share sh{r, world, ep, tp};
+      const ExpertSplit es = ep ? ExpertSplit{r, world, E} : ExpertSplit{0, 1, E};
+      const int64_t g0 = tp ? sh.part(G, r) : 0, g1 = tp ? sh.part(G, r + 1) : G;
+      double sent = r == 0 ? 64.0 * others : 0.0;
+      if (ep) sent += L * static_cast<double>(c.n_active) * static_cast<double>(es.end() - es.begin()) / static_cast<double>(E) * static_cast<double>(c.dim) * fl * others;
+      if (tp)
+        sent += (L * static_cast<double>((g1 - g0) * c.o_lora + sh.part(c.dim, r + 1) - sh.part(c.dim, r)) +
+                 static_cast<double>(sh.part(V, r + 1) - sh.part(V, r))) * fl * others;
+      char ex[48], gr[48];
+      std::snprintf(ex, sizeof ex, "%lld-%lld", (long long)es.begin(), (long long)es.end() - 1);
+      if (g1 > g0) std::snprintf(gr, sizeof gr, "%lld-%lld", (long long)g0, (long long)g1 - 1);
+      else std::snprintf(gr, sizeof gr, "none");
+      P("  %4d %11s %11s %16zu %20.0f B\n", r, ex, gr, resident[r], sent);
     }
-    P("  (one process: %zu bytes; the k expert output rows of one token over all MoE layers: %.0f B)\n", held.main_bytes() + held.mtp_bytes(),
-      static_cast<double>(c.n_layers) * static_cast<double>(c.n_active) * row);
+    P("  (one process: %zu bytes)\n", held.main_bytes() + held.mtp_bytes());
   }
   return out;
 }

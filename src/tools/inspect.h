@@ -5,8 +5,8 @@
 
 namespace dsv4 {
 
-// world > 1: also how `--parallel ep` over `world` ranks splits the model (docs/parallel.md):
-// each rank's resident weight bytes and the bytes it sends per decoded token.
-std::string inspect_model(const std::string& dir, int world = 1);
+// world > 1: also how `--parallel ep|tp|ep+tp` over `world` ranks splits the model
+// (docs/parallel.md): each rank's resident weight bytes and the bytes it sends per decoded token.
+std::string inspect_model(const std::string& dir, int world = 1, bool ep = true, bool tp = false);
 
 }  // namespace dsv4

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# `mpirun -np N dsv4 generate --parallel ep` prints the same text as one process: greedy with
-# speculative drafts (MTP block, draft / truncate requests), then seeded sampling, on the demo
-# model (real tokenizer). Exit 77 (skipped) without the tokenizer.
+# `mpirun -np N dsv4 generate|chat --parallel ep` prints the same text as one process: greedy
+# with speculative drafts (MTP block, draft / truncate requests), seeded sampling, and a
+# three-turn chat (each turn restores the conversation's snapshot or extends it: snapshot /
+# restore / drop requests), on the demo model (real tokenizer). Exit 77 (skipped) without the
+# tokenizer.
 # usage: generate.sh MPIEXEC DSV4 TOKENIZER_DIR NP WORKDIR
 set -euo pipefail
 mpiexec=$1 bin=$2 tok=$3 np=$4 work=$5
@@ -17,3 +19,11 @@ for opts in "--temperature 0 --draft 3" "--temperature 0.8 --top-p 0.9 --seed 7"
   cmp "$work/one.txt" "$work/par.txt" || { echo "FAIL ($opts):"; cat "$work/one.txt"; echo; cat "$work/par.txt"; exit 1; }
   echo "np $np generate $opts: same text as one process"
 done
+# Chat: stdin goes to rank 0 (mpirun forwards it there).
+chat=(chat --model "$work/m" --mode chat -n 8 --threads 1 --temperature 0)
+printf 'Hello there\nAnd again?\n/reset\nOnce more\n' | "$bin" "${chat[@]}" >"$work/one.txt" 2>/dev/null
+printf 'Hello there\nAnd again?\n/reset\nOnce more\n' |
+  timeout 300 "$mpiexec" --oversubscribe --allow-run-as-root -np "$np" "$bin" "${chat[@]}" --parallel ep >"$work/par.txt" 2>/dev/null
+[ "$(tr -d " \n" <"$work/one.txt" | wc -c)" -gt 0 ] || { echo "FAIL: chat printed no text"; exit 1; }
+cmp "$work/one.txt" "$work/par.txt" || { echo "FAIL (chat):"; cat "$work/one.txt"; echo; cat "$work/par.txt"; exit 1; }
+echo "np $np chat (3 turns, a reset): same text as one process"

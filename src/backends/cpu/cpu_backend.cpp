@@ -316,7 +316,8 @@ void CpuBackend::attend(Step&, const Attend& a) {
   const StageTimer timer("attend", L.kind() == LayerKind::Window ? "window" : L.kind() == LayerKind::CSA ? "CSA" : "HCA");
   const StepSeq& qs = *a.seq;
   LayerState& ls = qs.st->layers[a.layer];
-  const int64_t H = c.n_heads, d = c.head_dim, W = c.window, T = qs.n, p0 = qs.p0;
+  const int64_t H = a.heads < 0 ? c.n_heads : a.heads, d = c.head_dim, W = c.window, T = qs.n, p0 = qs.p0;
+  const float* sink = L.attn.sink.data() + a.h0;
   const LayerKind kind = L.kind();
   const int64_t n_entries = ls.entries.size();
   const float* qv = a.q + qs.t0 * H * d;
@@ -349,7 +350,7 @@ void CpuBackend::attend(Step&, const Attend& a) {
   std::vector<std::vector<int32_t>> top;
   std::vector<int32_t> uni, slot(static_cast<size_t>(std::max<int64_t>(n_entries, 1)), -1);
   const float* ent_src = all_entries ? ent.data() : nullptr;
-  for (int64_t t0 = 0; t0 < T; t0 += kQueryBlock) {
+  for (int64_t t0 = 0; t0 < (H > 0 ? T : 0); t0 += kQueryBlock) {  // H = 0: a rank without heads (TP)
     const int64_t B = std::min(kQueryBlock, T - t0), BH = B * H;
     const int64_t pos0 = p0 + t0, last = pos0 + B - 1;
     const int64_t first0 = std::max<int64_t>(0, pos0 - W + 1), nwin = last - first0 + 1;
@@ -392,7 +393,7 @@ void CpuBackend::attend(Step&, const Attend& a) {
       for (int64_t k = first; k <= pos; ++k) take(k - first0);
       for (int32_t e : top[b]) take(slot[e]);
       count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));  // this query's scores
-      attend_scores(pb.data(), H, own ? uk.data() : kb.data(), n, d, L.attn.sink.data(), scale, o + (t0 + b) * H * d, where);
+      attend_scores(pb.data(), H, own ? uk.data() : kb.data(), n, d, sink, scale, o + (t0 + b) * H * d, where);
     };
     if (B == 1) {
       attend_query(0, RunOn::Pool, p, keys);

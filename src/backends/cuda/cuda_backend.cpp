@@ -331,7 +331,10 @@ DeviceBuffer& CudaBackend::slot(Tmp which, size_t n) {
     case Tmp::ExpertGate: b = &ws_.g; break;
     case Tmp::ExpertUp: b = &ws_.u; break;
     case Tmp::ExpertOut: b = &ws_.y; break;
-    case Tmp::ExpertAll: break;  // expert parallelism runs on the CPU backend only
+    case Tmp::ExpertAll:
+    case Tmp::ZGroups:
+    case Tmp::OutRows:
+    case Tmp::HeadRows: break;  // parallel runs use the CPU backend only
   }
   DSV4_CHECK(b != nullptr);
   DSV4_CHECK_MSG(n <= b->bytes(), "cuda workspace slot " + std::to_string(static_cast<int>(which)) + " holds " +
