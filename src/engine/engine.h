@@ -51,6 +51,10 @@ struct EngineOptions {
   // 0 = no limit, kAutoMemoryBudget = 90% of the memory available once the weights are loaded.
   // Applies to the CPU backend's host caches (the CUDA backend sizes its device caches at load).
   int64_t memory_budget = 0;
+  // cuda: decode steps as CUDA graphs, captured once per batch of sequences and replayed
+  // (docs/cuda.md "Decode step as one graph"); off runs every step eagerly (batches that change
+  // every step would capture every step).
+  bool cuda_graphs = true;
 };
 
 constexpr int64_t kAutoMemoryBudget = -1;
