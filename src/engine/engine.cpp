@@ -260,6 +260,7 @@ Engine::Engine(const EngineOptions& o) {
     info_.device = "cuda";
     CudaOptions co;
     co.context = std::max<int64_t>(1, o.context > 0 ? o.context : std::min<int64_t>(ctx, 8192));
+    co.graphs = o.cuda_graphs;
     info_.context = co.context;
     model_ = std::make_unique<Model>(std::move(w), [&](const ModelWeights& mw) { return make_cuda_backend(mw, co); });
 #endif

@@ -59,6 +59,10 @@ struct EngineOptions {
   // drives; the other ranks' Engines follow it (engine/cluster.h) and must be given the same
   // options. None under mpirun with N > 1 is an error.
   Parallel parallel = Parallel::None;
+  // cuda: decode steps as CUDA graphs, captured once per batch of sequences and replayed
+  // (docs/cuda.md "Decode step as one graph"); off runs every step eagerly (batches that change
+  // every step would capture every step).
+  bool cuda_graphs = true;
 };
 
 constexpr int64_t kAutoMemoryBudget = -1;

@@ -42,7 +42,9 @@ struct StepPlan {
   std::vector<int64_t> pos;      // [T] each row's position
   std::vector<StepSeq> seqs;     // disjoint row ranges covering [0, T), in row order
   const float* hidden = nullptr; // MTP: [T, hc*D] the main model's final hc state per row
-  bool ids_only = false;         // the step ends with argmax() (greedy ids), not logits()
+  // How the step ends: no head, logits(), or argmax() (greedy ids). A device backend that
+  // replays recorded steps tells them apart by it.
+  enum class Tail { None, Logits, Ids } tail = Tail::None;
   int64_t T() const { return static_cast<int64_t>(tokens.size()); }
 };
 

@@ -53,8 +53,13 @@ void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
     if (stack == Stack::Mtp) hidden.insert(hidden.end(), s.hidden_in, s.hidden_in + s.n * Hs);
   }
   plan.hidden = stack == Stack::Mtp ? hidden.data() : nullptr;
-  plan.ids_only = true;
-  for (const SeqInput& si : in) plan.ids_only = plan.ids_only && (si.logits == Rows::None || (!si.logits_out && si.argmax_out));
+  // Only the greedy ids when no input wants the logits themselves.
+  bool any_rows = false, ids_only = true;
+  for (const SeqInput& si : in) {
+    any_rows = any_rows || si.logits != Rows::None;
+    ids_only = ids_only && (si.logits == Rows::None || (!si.logits_out && si.argmax_out));
+  }
+  plan.tail = !any_rows ? StepPlan::Tail::None : ids_only ? StepPlan::Tail::Ids : StepPlan::Tail::Logits;
 
   // Host temporaries of the step (all of the CPU backend's activations) are given back here.
   Arena::Scope scope(thread_arena());
@@ -94,8 +99,7 @@ void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
   const int64_t n = static_cast<int64_t>(rows.size()), V = c.vocab;
   be.hc_head(stack, s, rows);
   be.rmsnorm(s, {s.x, n, c.dim, stack == Stack::Main ? &w_->norm : &w_->mtp->norm, c.eps});  // the final norm
-  // Only the greedy ids when no input wants the logits themselves (plan.ids_only).
-  if (plan.ids_only) {
+  if (plan.tail == StepPlan::Tail::Ids) {
     std::vector<int32_t> ids(static_cast<size_t>(n));
     be.argmax(s, n, V, ids.data());
     be.end(s);

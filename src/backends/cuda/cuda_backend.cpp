@@ -395,7 +395,7 @@ Backend::Step CudaBackend::begin(const StepPlan& plan) {
   const int64_t T = plan.T();
   DSV4_CHECK(T <= chunk_);  // max_rows()
   bool decode = use_graphs_ && T <= StepGraphs::kMaxRows;
-  std::vector<uint64_t> key = {plan.ids_only ? 1u : 0u};  // the step's tail: argmax or logits
+  std::vector<uint64_t> key = {static_cast<uint64_t>(plan.tail)};  // a logits step and an ids step differ
   for (const StepSeq& q : plan.seqs) {
     const CudaSequence& seq = sequence(*q.st);
     if (q.p0 + q.n > context_)

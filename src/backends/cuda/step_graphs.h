@@ -11,7 +11,7 @@
 //
 // A graph holds the device addresses of its sequences' caches, so it is keyed by the batch's
 // sequences (their serial numbers, never reused) as well as by T and the step's tail (logits or
-// greedy ids, StepPlan::ids_only); a batch that changes is captured again. At most kMaxGraphs are kept (least recently used dropped).
+// greedy ids or none, StepPlan::tail); a batch that changes is captured again. At most kMaxGraphs are kept (least recently used dropped).
 #include <algorithm>
 #include <cstdint>
 #include <list>

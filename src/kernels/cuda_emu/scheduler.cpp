@@ -271,13 +271,20 @@ std::string thread_name(const Fiber& f) {
   return buf;
 }
 
-// The launch cannot go on: record why and return to the host for good.
-[[noreturn]] void fail(const std::string& why) {
+// The launch cannot go on: return to the host for good (g_blk.failure says why).
+[[noreturn]] void fail() {
   g_blk.failed = true;
-  g_blk.failure = why;
   switch_to(g_cur, &g_host, true);
   __builtin_unreachable();
 }
+
+// The message is built and stored in a statement of its own, so its temporaries are destroyed
+// before the fiber is abandoned mid-stack (they would leak: LeakSanitizer in the emu-asan tier).
+#define DSV4_EMU_FAIL(message) \
+  do {                         \
+    g_blk.failure = (message); \
+    fail();                    \
+  } while (0)
 
 Fiber* current_thread(const char* what) {
   if (g_cur == &g_host) {
@@ -359,7 +366,7 @@ void complete_warp(int w) {
       case Collective::All: f.result = ballot == wp.mask; continue;
     }
     if (src < 0 || src > 31 || !(wp.mask >> src & 1u))
-      fail(thread_name(f) + " at " + where(f) + ": " + op_name(wp.op) + " reads lane " + std::to_string(src) +
+      DSV4_EMU_FAIL(thread_name(f) + " at " + where(f) + ": " + op_name(wp.op) + " reads lane " + std::to_string(src) +
            ", which is not in the mask");
     f.result = lanes[src].value;
   }
@@ -445,7 +452,7 @@ void syncthreads(const char* file, int line) {
     b.bar_file = file;
     b.bar_line = line;
   } else if (line != b.bar_line || std::strcmp(file, b.bar_file) != 0) {
-    fail("divergent __syncthreads: " + thread_name(*me) + " waits at " + where(*me) + " while " +
+    DSV4_EMU_FAIL("divergent __syncthreads: " + thread_name(*me) + " waits at " + where(*me) + " while " +
          std::to_string(b.at_barrier) + " threads wait at " + short_path(b.bar_file) + ":" + std::to_string(b.bar_line));
   }
   me->state = State::AtBarrier;
@@ -464,11 +471,11 @@ uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, 
   me->line = line;
   const unsigned bit = 1u << me->lane;
   if (!(mask & bit))
-    fail(thread_name(*me) + " at " + where(*me) + ": " + op_name(op) + " with a mask that does not include the lane");
+    DSV4_EMU_FAIL(thread_name(*me) + " at " + where(*me) + ": " + op_name(op) + " with a mask that does not include the lane");
   if (mask & ~w.lanes)
-    fail(thread_name(*me) + " at " + where(*me) + ": " + op_name(op) + " mask names lanes past the end of the block");
+    DSV4_EMU_FAIL(thread_name(*me) + " at " + where(*me) + ": " + op_name(op) + " mask names lanes past the end of the block");
   if (width <= 0 || width > 32 || (width & (width - 1)) != 0)
-    fail(thread_name(*me) + " at " + where(*me) + ": shuffle width " + std::to_string(width) + " is not a power of two <= 32");
+    DSV4_EMU_FAIL(thread_name(*me) + " at " + where(*me) + ": shuffle width " + std::to_string(width) + " is not a power of two <= 32");
   if (w.arrived == 0) {
     w.mask = mask;
     w.op = op;
@@ -476,7 +483,7 @@ uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, 
     char buf[160];
     std::snprintf(buf, sizeof buf, "%s (mask 0x%08x) while lanes 0x%08x wait at %s (mask 0x%08x)", op_name(op), mask,
                   w.arrived, op_name(w.op), w.mask);
-    fail("divergent warp collective: " + thread_name(*me) + " at " + where(*me) + ": " + buf);
+    DSV4_EMU_FAIL("divergent warp collective: " + thread_name(*me) + " at " + where(*me) + ": " + buf);
   }
   me->op = op;
   me->mask = mask;
