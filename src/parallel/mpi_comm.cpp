@@ -175,8 +175,15 @@ Comm* init(int* argc, char*** argv) {
   if (g_world) return g_world.get();
   if (!launched_by_mpirun()) return nullptr;
   int provided = 0;
-  // One thread (the engine's driver) makes every MPI call; the thread pool never does.
-  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  // One thread at a time (the engine's driver) makes MPI calls; the thread pool never does. Not
+  // always the main thread: `dsv4 serve` builds the Engine on the main thread and steps it on its
+  // scheduler thread, hence SERIALIZED rather than FUNNELED.
+  MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    MPI_Finalize();
+    throw Error("this MPI library does not offer MPI_THREAD_SERIALIZED (the server's scheduler thread drives the engine)",
+                ErrorKind::Unsupported);
+  }
   g_world = std::make_unique<MpiComm>();
   return g_world.get();
 }

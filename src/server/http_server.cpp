@@ -223,7 +223,11 @@ struct HttpServer::Impl {
     // Statuses httplib answers by itself (404, 413, 400 for a bad request line...) get a JSON body.
     svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
-      std::string msg = res.status == 404   ? "no such endpoint: " + req.method + " " + req.path
+      // httplib caps form-encoded bodies (curl -d without a Content-Type) at 8 KiB by itself.
+      const bool form = req.get_header_value("Content-Type").rfind("application/x-www-form-urlencoded", 0) == 0;
+      std::string msg = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
+                        : res.status == 413 && form
+                            ? std::string("a form-encoded body is limited to 8 KiB: send the JSON with Content-Type: application/json")
                         : res.status == 413 ? "the request body exceeds the server's limit (" + std::to_string(opt.max_body_bytes) + " bytes)"
                                             : "bad request";
       send_error(res, ApiError(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", msg),
