@@ -6,7 +6,7 @@
 # tokenizer.
 # usage: generate.sh MPIEXEC DSV4 TOKENIZER_DIR NP WORKDIR
 set -euo pipefail
-mpiexec=$1 bin=$2 tok=$3 np=$4 work=$5
+mpiexec=$1 bin=$2 tok=${DSV4_TOKENIZER_DIR:-$3} np=$4 work=$5  # the sanitizer tier names the tokenizer
 [ -f "$tok/tokenizer.json" ] || { echo "no tokenizer at $tok (scripts/fetch-tokenizer.sh)"; exit 77; }
 mkdir -p "$work"
 [ -f "$work/m/config.json" ] || "$bin" make-tiny --out "$work/m" --preset demo --seed 2 --tokenizer "$tok" 2>/dev/null
