@@ -26,12 +26,15 @@ function demoModel() {
   return dir;
 }
 
-// Resolves once the server prints its URL; rejects if it exits first.
-function startServer(extra = []) {
+// Resolves once the server prints its URL; rejects if it exits first. `ranks` > 1 starts it
+// under mpirun (DSV4_MPIEXEC) as that many processes; rank 0 serves.
+function startServer(extra = [], ranks = 1) {
   const model = demoModel();
-  const proc = spawn(bin, ['serve', '--model', model, '--port', '0', '--threads', '1', ...extra], {
-    stdio: ['ignore', 'ignore', 'pipe'],
-  });
+  const args = ['serve', '--model', model, '--port', '0', '--threads', '1', ...extra];
+  const [cmd, argv] = ranks > 1
+    ? [process.env.DSV4_MPIEXEC, ['--allow-run-as-root', '--oversubscribe', '-np', String(ranks), bin, ...args]]
+    : [bin, args];
+  const proc = spawn(cmd, argv, { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve({ code, sig })));
   return new Promise((resolve, reject) => {
