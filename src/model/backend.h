@@ -244,8 +244,10 @@ class Backend {
   // Whether this step's MoE runs as routed_experts (no host read of the routing; a CUDA decode
   // step) instead of route / dispatch / gather / scatter_add.
   virtual bool moe_on_device(const Step&) const { return false; }
+  // Only called when moe_on_device() said yes: a backend that never says so (the CPU one) never
+  // gets here, so reaching the default is a broken invariant, not a missing feature.
   virtual void routed_experts(Step&, const RoutedExperts&) {
-    throw Error(std::string(name()) + " backend: routed_experts is not implemented", ErrorKind::Internal);
+    DSV4_CHECK_MSG(false, std::string(name()) + " backend: routed_experts called although moe_on_device() is false");
   }
 
   // The head.
