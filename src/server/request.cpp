@@ -303,9 +303,8 @@ void tokenize_prompt(ParsedRequest& r, const ModelFacts& model, const RequestLim
   r.gen.max_tokens = max_tokens_given > 0 ? max_tokens_given : std::min(lim.default_max_tokens, ctx - n);
 }
 
-void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim,
-                       const ToolCallStore* store) {
-  Fields f{j, ""};
+// What both OpenAI endpoints read alike: model, stream (+ usage), sampling, n.
+void read_openai_common(const Fields& f, ParsedRequest& r, const RequestLimits& lim) {
   r.model = f.string("model", "");
   r.stream = f.boolean("stream", false);
   if (const ojson* so = f.get("stream_options")) {
@@ -314,6 +313,12 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
   }
   read_sampling(f, r);
   if (r.gen.n > lim.max_n) bad_request("n", "must be at most " + std::to_string(lim.max_n) + ", got " + std::to_string(r.gen.n));
+}
+
+void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim,
+                       const ToolCallStore* store) {
+  Fields f{j, ""};
+  read_openai_common(f, r, lim);
   r.logprobs = f.boolean("logprobs", false);
   const int64_t top = f.integer("top_logprobs", -1, 0, 20);
   if (top >= 0 && !r.logprobs) bad_request("top_logprobs", "needs logprobs: true");
@@ -399,14 +404,7 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
 void parse_openai_completion(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim) {
   Fields f{j, ""};
   r.chat = false;
-  r.model = f.string("model", "");
-  r.stream = f.boolean("stream", false);
-  if (const ojson* so = f.get("stream_options")) {
-    if (!so->is_object()) bad_request("stream_options", "must be an object");
-    r.include_usage = Fields{*so, "stream_options."}.boolean("include_usage", false);
-  }
-  read_sampling(f, r);
-  if (r.gen.n > lim.max_n) bad_request("n", "must be at most " + std::to_string(lim.max_n) + ", got " + std::to_string(r.gen.n));
+  read_openai_common(f, r, lim);
   const int64_t lp = f.integer("logprobs", -1, 0, 20);
   r.logprobs = lp >= 0;
   r.gen.top_logprobs = static_cast<int>(lp);

@@ -81,6 +81,18 @@ std::string text_of(const Tokenizer& tok, int32_t id) {
   }
 }
 
+// A token's text for a JSON string: a token may hold part of a UTF-8 character, which a JSON
+// string cannot carry (nlohmann refuses to write it); such a token's text is "" (the chat format's
+// `bytes` has its exact bytes, as OpenAI's API does).
+std::string whole_utf8_or_empty(const std::string& t) {
+  try {
+    (void)ojson(t).dump();
+    return t;
+  } catch (const nlohmann::json::exception&) {
+    return "";
+  }
+}
+
 // OpenAI's per-token logprob entries: {token, logprob, bytes, top_logprobs}.
 ojson token_logprobs(const Event& e, const Tokenizer& tok) {
   ojson out = ojson::array();
@@ -88,15 +100,7 @@ ojson token_logprobs(const Event& e, const Tokenizer& tok) {
     const std::string t = text_of(tok, id);
     ojson bytes = ojson::array();
     for (unsigned char ch : t) bytes.push_back(static_cast<int>(ch));
-    // Token text may be part of a UTF-8 character: the JSON string gets the valid prefix only
-    // (nlohmann refuses invalid UTF-8); `bytes` has the exact bytes, as OpenAI's API does.
-    std::string valid;
-    try {
-      valid = ojson(t).dump(), valid = t;
-    } catch (const nlohmann::json::exception&) {
-      valid = "";
-    }
-    return ojson{{"token", valid}, {"logprob", lp}, {"bytes", bytes}};
+    return ojson{{"token", whole_utf8_or_empty(t)}, {"logprob", lp}, {"bytes", bytes}};
   };
   for (size_t i = 0; i < e.ids.size() && i < e.logprobs.size(); ++i) {
     ojson x = entry(e.ids[i], e.logprobs[i]);
@@ -274,11 +278,11 @@ class OpenAiCompletion : public Responder {
   ojson legacy_logprobs(const Event& e) const {
     ojson toks = ojson::array(), lps = ojson::array(), tops = ojson::array();
     for (size_t i = 0; i < e.ids.size() && i < e.logprobs.size(); ++i) {
-      toks.push_back(safe(text_of(tok_, e.ids[i])));
+      toks.push_back(whole_utf8_or_empty(text_of(tok_, e.ids[i])));
       lps.push_back(e.logprobs[i]);
       ojson m = ojson::object();
       if (i < e.top.size())
-        for (const auto& t : e.top[i]) m[safe(text_of(tok_, t.id))] = t.logprob;
+        for (const auto& t : e.top[i]) m[whole_utf8_or_empty(text_of(tok_, t.id))] = t.logprob;
       tops.push_back(m);
     }
     return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}};
@@ -287,14 +291,6 @@ class OpenAiCompletion : public Responder {
     if (acc.is_null()) acc = {{"tokens", ojson::array()}, {"token_logprobs", ojson::array()}, {"top_logprobs", ojson::array()}};
     for (const char* k : {"tokens", "token_logprobs", "top_logprobs"})
       for (const auto& x : lp[k]) acc[k].push_back(x);
-  }
-  static std::string safe(const std::string& t) {
-    try {
-      (void)ojson(t).dump();
-      return t;
-    } catch (const nlohmann::json::exception&) {
-      return "";
-    }
   }
 
   const ParsedRequest& r_;
