@@ -406,6 +406,16 @@ TEST_F(SafeTensorsTest, HeaderNotJson) {
   expect_open_error(path("entry.safetensors"), {path("entry.safetensors"), "tensor x", "object"});
 }
 
+// A number beyond a double's range is nlohmann's out_of_range, not parse_error: the fuzzer found
+// that it escaped as an uncaught exception (abort) before both catches took any json::exception.
+TEST_F(SafeTensorsTest, NumberOutOfRange) {
+  write_raw(path("big.safetensors"), R"({"x": {"dtype": "U8", "shape": [1e999], "data_offsets": [0, 1]}})", {1});
+  expect_open_error(path("big.safetensors"), {path("big.safetensors"), "not valid JSON", "1e999"});
+  write_raw(path("s1.safetensors"), object({entry("x", "U8", "[1]", 0, 1)}), {1});
+  write_text(path("model.safetensors.index.json"), R"({"metadata": {"total_size": 1e999}, "weight_map": {"x": "s1.safetensors"}})");
+  expect_error([&] { TensorStore::open_dir(dir_.string()); }, {path("model.safetensors.index.json"), "not valid JSON"});
+}
+
 TEST_F(SafeTensorsTest, UnknownOrMissingDtype) {
   write_raw(path("d.safetensors"), object({entry("w", "F4", "[2]", 0, 1)}), {1});
   expect_open_error(path("d.safetensors"), {path("d.safetensors"), "tensor w", "unknown dtype", "F4"});

@@ -222,7 +222,8 @@ void parse_header(const std::string& file, const uint8_t* base, uint64_t size,
   json header;
   try {
     header = json::parse(text, text + n);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // Not only parse_error: a number too large for a double ("1e999") is out_of_range.
     fail(file, std::string("header is not valid JSON: ") + e.what());
   }
   if (!header.is_object()) fail(file, "header must be a JSON object, got " + show(header));
@@ -256,7 +257,7 @@ std::map<std::string, std::string> read_weight_map(const fs::path& index_path) {
   json index;
   try {
     index = json::parse(read_text(index_path));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     fail(ip, std::string("not valid JSON: ") + e.what());
   }
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
