@@ -81,7 +81,8 @@ std::string describe(const std::vector<CompletionEvent>& evs) {
 }
 
 // What every run must satisfy on its own.
-void check_invariants(const std::string& text, const Fed& r, ChatMode mode, const std::string& where) {
+void check_invariants(const std::string& text, const Fed& r, ChatMode mode, const std::string& where,
+                      const ojson& tools = nullptr) {
   std::string reasoning, content;
   std::vector<std::string> args, names;
   std::vector<int> state;  // per call: 0 none, 1 begun, 2 ended
@@ -125,7 +126,7 @@ void check_invariants(const std::string& text, const Fed& r, ChatMode mode, cons
     }
   }
   if (r.result.well_formed) {
-    const ParsedCompletion ref = parse_completion(text, mode);
+    const ParsedCompletion ref = parse_completion(text, mode, ToolSchemas(tools));
     EXPECT_EQ(p.reasoning_content, ref.reasoning_content) << where;
     EXPECT_EQ(p.content, ref.content) << where;
     EXPECT_EQ(p.tool_calls, ref.tool_calls) << where;
@@ -136,7 +137,7 @@ void check_invariants(const std::string& text, const Fed& r, ChatMode mode, cons
 // events and result each time. Returns the one-piece run.
 Fed check_all_splits(const std::string& text, ChatMode mode, const ojson& tools = nullptr) {
   const Fed whole = feed_all(text, {}, mode, tools);
-  check_invariants(text, whole, mode, "whole");
+  check_invariants(text, whole, mode, "whole", tools);
   const auto same = [&](const Fed& r, const std::string& where) {
     EXPECT_EQ(joined(r.events), joined(whole.events))
         << where << "\n got:  " << describe(joined(r.events)) << "\n want: " << describe(joined(whole.events));
@@ -156,7 +157,7 @@ Fed check_all_splits(const std::string& text, ChatMode mode, const ojson& tools 
   for (size_t c = 1; c < text.size(); ++c) every.push_back(c);
   const Fed bytes = feed_all(text, every, mode, tools);
   same(bytes, "byte by byte");
-  check_invariants(text, bytes, mode, "byte by byte");
+  check_invariants(text, bytes, mode, "byte by byte", tools);
   std::mt19937 rng(1234);
   for (int t = 0; t < 50; ++t) {
     std::vector<size_t> cuts;

@@ -290,6 +290,13 @@ TEST(Config, ValidationErrors) {
     j["hidden_size"] = 0;
     expect_error(j, "hidden_size");
   }
+  // Beyond int64 (as a float, a cast would be undefined: found by the checkpoint fuzzer; as an
+  // unsigned, it would wrap): refused, naming the key.
+  for (const json& big : {json(4.4e98), json(-1e19), json(18446744073709551615ull)}) {
+    json j = base;
+    j["hidden_size"] = big;
+    expect_error(j, "hidden_size");
+  }
   // A whole-number float is an integer.
   json j = base;
   j["hidden_size"] = 256.0;

@@ -144,6 +144,36 @@ TEST_F(ServerResponse, OpenAiToolCallStreamJoinsToBody) {
   }
 }
 
+TEST_F(ServerResponse, ArgumentsTypedBySchema) {
+  // "days" written as a string, "city" as a bare number: both answered in the schema's type, in
+  // the body and in the stream, and the DSML kept as sampled.
+  const std::string call = "<" + D + "invoke name=\"get_weather\">\n<" + D + "parameter name=\"city\" string=\"false\">75001</" + D +
+                           "parameter>\n<" + D + "parameter name=\"days\" string=\"true\">3</" + D + "parameter>\n</" + D + "invoke>";
+  const std::string text = "\n\n<" + D + "tool_calls>\n" + call + "\n</" + D + "tool_calls>";
+  const ojson tools = ojson::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+    "properties":{"city":{"type":"string"},"days":{"type":"integer"}}}}}])");
+  ToolCallStore store;
+  const ojson want = ojson::parse(R"({"city": "75001", "days": 3})");
+  for (Api api : {Api::OpenAiChat, Api::Anthropic}) {
+    const ParsedRequest r = request(api, ChatMode::Chat, tools, true);
+    auto a = make_responder(r, *tok_, store);
+    const ojson body = ojson::parse(run(*a, text, 1 << 20, "eos", false));
+    if (api == Api::Anthropic) {
+      EXPECT_EQ(body["content"][0]["input"], want);
+    } else {
+      const ojson& tc = body["choices"][0]["message"]["tool_calls"][0];
+      EXPECT_EQ(ojson::parse(tc["function"]["arguments"].get<std::string>()), want);
+      EXPECT_EQ(store.get(tc["id"]).value_or(""), call);
+      for (size_t piece : {1, 4, 9}) {
+        auto b = make_responder(r, *tok_, store);
+        const Joined j = join_openai_stream(run(*b, text, piece, "eos", true));
+        ASSERT_EQ(j.calls.size(), 1u);
+        EXPECT_EQ(ojson::parse(j.calls[0].second), want) << piece;
+      }
+    }
+  }
+}
+
 TEST_F(ServerResponse, ThinkingSplitsReasoningAndContent) {
   ToolCallStore store;
   const ParsedRequest r = request(Api::OpenAiChat, ChatMode::Thinking, ojson::array(), true);
@@ -163,7 +193,7 @@ TEST_F(ServerResponse, MalformedMarkupIsPlainContent) {
   ToolCallStore store;
   const ParsedRequest r = request(Api::OpenAiChat, ChatMode::Chat, weather_tools(), true);
   // An invoke of an unknown tool, and a block that never closes its tag.
-  for (const std::string text : {"A\n\n<" + D + "tool_calls>\n<" + D + "invoke name=\"nope\">\n</" + D + "invoke>\n</" + D + "tool_calls>",
+  for (const std::string& text : {"A\n\n<" + D + "tool_calls>\n<" + D + "invoke name=\"nope\">\n</" + D + "invoke>\n</" + D + "tool_calls>",
                                  "B\n\n<" + D + "tool_calls>\n<" + D + "invo"}) {
     auto a = make_responder(r, *tok_, store);
     const ojson body = ojson::parse(run(*a, text, 1 << 20, "length", false));

@@ -1,5 +1,7 @@
 #include "io/config.h"
 
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -39,9 +41,14 @@ class Reader {
       if (def) return *def;
       throw Error(where_ + ": missing key " + *keys.begin());
     }
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      throw Error(where_ + ": key " + *keys.begin() + " is out of range, got " + v->dump());
     if (v->is_number_integer()) return v->get<int64_t>();
-    if (v->is_number_float() && v->get<double>() == static_cast<double>(static_cast<int64_t>(v->get<double>())))
-      return static_cast<int64_t>(v->get<double>());
+    // A whole float inside int64's range (casting one outside it is undefined: the fuzzer's 4e98).
+    if (v->is_number_float()) {
+      const double d = v->get<double>();
+      if (std::trunc(d) == d && d >= -9.2e18 && d <= 9.2e18) return static_cast<int64_t>(d);
+    }
     throw Error(where_ + ": key " + *keys.begin() + " must be an integer, got " + v->dump());
   }
   int64_t integer_or(std::initializer_list<const char*> keys, int64_t def) const { return integer(keys, &def); }

@@ -300,28 +300,49 @@ std::string encode_arguments(const ojson& parsed) {
   return out;
 }
 
-ojson parse_tool_calls(const std::string& text, size_t& pos);  // Decoding, below
+// One DSML invoke as written: the tool's name and each parameter's name, value text and
+// string="true" flag, in order.
+struct DsmlParam {
+  std::string name, value;
+  bool is_string = false;
+};
+struct DsmlCall {
+  std::string name;
+  std::vector<DsmlParam> params;
+};
+std::vector<DsmlCall> parse_dsml_calls(const std::string& text, size_t& pos);  // Decoding, below
 
 // A tool call's "dsml" (the exact text the model wrote for it, CompletionStream's tool_call_dsml):
 // one well-formed invoke with the call's name and arguments, else rendering it would contradict
-// the call.
+// the call. The server typed the arguments by the tool's schema (tool_schema.h), which this
+// message does not carry: each value the client sent back must be the written value either as
+// written or typed to the value's own type.
 void check_dsml(const std::string& dsml, const std::string& name, const ojson& args, const Where& w,
                 const std::string& field) {
   const std::string text = ">\n" + dsml + "\n</" + kDsml + "tool_calls>";
   size_t pos = 0;
-  ojson calls;
+  std::vector<DsmlCall> calls;
   try {
-    calls = parse_tool_calls(text, pos);
+    calls = parse_dsml_calls(text, pos);
   } catch (const Error& e) {
     w.fail(field, std::string("not a DSML invoke: ") + e.what());
   }
   if (calls.size() != 1 || pos != text.size()) w.fail(field, "must hold exactly one DSML invoke");
-  const ojson& fn = calls[0]["function"];
-  if (fn["name"] != name) w.fail(field, "names tool '" + fn["name"].get<std::string>() + "', the call '" + name + "'");
+  if (calls[0].name != name) w.fail(field, "names tool '" + calls[0].name + "', the call '" + name + "'");
+  const auto differ = [&] { w.fail(field, "its arguments differ from the call's"); };
+  if (!args.is_object() || args.size() != calls[0].params.size()) differ();
   // Compared as JSON values (key order and number spelling aside).
-  const ojson parsed = ojson::parse(fn["arguments"].get<std::string>(), nullptr, false);
-  if (parsed.is_discarded() || nlohmann::json(parsed) != nlohmann::json(args))
-    w.fail(field, "its arguments differ from the call's");
+  const auto same = [](const std::string& json_text, const ojson& v) {
+    const ojson p = ojson::parse(json_text, nullptr, false);
+    return !p.is_discarded() && nlohmann::json(p) == nlohmann::json(v);
+  };
+  for (const DsmlParam& p : calls[0].params) {
+    const auto v = args.find(p.name);
+    if (v == args.end()) differ();
+    if (!same(typed_argument(p.value, p.is_string, {}), *v) &&
+        !same(typed_argument(p.value, p.is_string, {json_type_of(*v)}), *v))
+      differ();
+  }
 }
 
 std::string tool_result_text(const ojson& m, const Where& w) {
@@ -754,12 +775,12 @@ void parse_parameter(const std::string& s, std::string& name, bool& is_string, s
   parse_fail("parameter format error: '" + s + "'");
 }
 
-// The invokes of a tool-call block; `pos` is just after "\n\n<｜DSML｜tool_calls".
-ojson parse_tool_calls(const std::string& text, size_t& pos) {
+// The invokes of a tool-call block as written; `pos` is just after "\n\n<｜DSML｜tool_calls".
+std::vector<DsmlCall> parse_dsml_calls(const std::string& text, size_t& pos) {
   const std::string invoke = "<" + kDsml + "invoke", calls_end = "</" + kDsml + "tool_calls>";
   const std::string param = "<" + kDsml + "parameter", param_end = "/" + kDsml + "parameter",
                     invoke_end = "</" + kDsml + "invoke";
-  ojson calls = ojson::array();
+  std::vector<DsmlCall> calls;
   std::string chunk;
   while (pos < text.size()) {
     int s = read_until(text, pos, {invoke, calls_end}, chunk);
@@ -768,44 +789,50 @@ ojson parse_tool_calls(const std::string& text, size_t& pos) {
     if (s < 0) parse_fail("missing special token in tool calls");
 
     s = read_until(text, pos, {param, invoke_end}, chunk);
-    const std::string name = parse_invoke_name(chunk);
-    std::vector<std::pair<std::string, std::pair<std::string, bool>>> args;
+    DsmlCall call;
+    call.name = parse_invoke_name(chunk);
     while (s == 0) {
       read_until(text, pos, {param_end}, chunk);
-      std::string pname, pvalue;
-      bool is_str = false;
-      parse_parameter(chunk, pname, is_str, pvalue);
-      for (const auto& a : args)
-        if (a.first == pname) parse_fail("duplicate parameter name: '" + pname + "'");
-      args.push_back({pname, {pvalue, is_str}});
+      DsmlParam p;
+      parse_parameter(chunk, p.name, p.is_string, p.value);
+      for (const auto& a : call.params)
+        if (a.name == p.name) parse_fail("duplicate parameter name: '" + p.name + "'");
+      call.params.push_back(std::move(p));
       s = read_until(text, pos, {param, invoke_end}, chunk);
       if (chunk != ">\n") parse_fail("parameter format error: expected '>\\n' but got '" + chunk + "'");
     }
-    // The arguments JSON as the official decoder writes it: string values JSON-quoted, others
-    // verbatim, except that a string="false" value that is not JSON is quoted as a string too
-    // (the official decoder writes it verbatim: invalid JSON arguments).
-    std::string json = "{";
-    for (size_t k = 0; k < args.size(); ++k) {
-      if (k) json += ", ";
-      json += to_python_json(args[k].first) + ": ";
-      const std::string& value = args[k].second.first;
-      const bool quote = args[k].second.second || ojson::parse(value, nullptr, false).is_discarded();
-      json += quote ? to_python_json(value) : value;
-    }
-    json += "}";
-    ojson call = ojson::object();
-    call["type"] = "function";
-    call["function"] = ojson::object();
-    call["function"]["name"] = name;
-    call["function"]["arguments"] = json;
     calls.push_back(std::move(call));
   }
   return calls;
 }
 
+// The calls in OpenAI format. The arguments JSON as the official decoder writes it: string
+// values JSON-quoted, others verbatim, except that a string="false" value that is not JSON is
+// quoted as a string too (the official decoder writes it verbatim: invalid JSON arguments); then
+// typed by the tool's schema when there is one (tool_schema.h).
+ojson tool_calls_json(const std::vector<DsmlCall>& calls, const ToolSchemas& tools) {
+  ojson out = ojson::array();
+  for (const DsmlCall& c : calls) {
+    std::string json = "{";
+    for (size_t k = 0; k < c.params.size(); ++k) {
+      const DsmlParam& p = c.params[k];
+      if (k) json += ", ";
+      json += to_python_json(p.name) + ": " + typed_argument(p.value, p.is_string, tools.types(c.name, p.name));
+    }
+    json += "}";
+    ojson call = ojson::object();
+    call["type"] = "function";
+    call["function"] = ojson::object();
+    call["function"]["name"] = c.name;
+    call["function"]["arguments"] = json;
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 }  // namespace
 
-ParsedCompletion parse_completion(const std::string& text, ChatMode mode) {
+ParsedCompletion parse_completion(const std::string& text, ChatMode mode, const ToolSchemas& tools) {
   ParsedCompletion out;
   const std::string calls_start = "\n\n<" + kDsml + "tool_calls";
   size_t pos = 0;
@@ -818,7 +845,7 @@ ParsedCompletion parse_completion(const std::string& text, ChatMode mode) {
   const int s = read_until(text, pos, {kEos, calls_start}, chunk);
   out.content = chunk;
   if (s == 1) {
-    out.tool_calls = parse_tool_calls(text, pos);
+    out.tool_calls = tool_calls_json(parse_dsml_calls(text, pos), tools);
     read_until(text, pos, {kEos}, chunk);
     if (!chunk.empty()) parse_fail("unexpected text after the tool calls: '" + chunk + "'");
   }

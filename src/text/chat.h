@@ -37,6 +37,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "text/tool_schema.h"
+
 namespace dsv4 {
 
 // Special-token texts of the DeepSeek-V4 tokenizer (U+FF5C fullwidth bars, U+2581 blocks).
@@ -84,8 +86,9 @@ struct ParsedCompletion {
 // mode: after "<think>", so reasoning + "</think>" + answer; chat mode: the answer), possibly
 // ending with the end-of-sentence text. Throws dsv4::Error when the text is not in that format
 // (thinking mode without "</think>", malformed DSML, special tokens inside the content, text
-// after the end of sentence).
-ParsedCompletion parse_completion(const std::string& text, ChatMode mode);
+// after the end of sentence). With `tools`, argument values are typed by their schema
+// (tool_schema.h); without, they are as written.
+ParsedCompletion parse_completion(const std::string& text, ChatMode mode, const ToolSchemas& tools = {});
 
 // Python's json.dumps(value, ensure_ascii=False): ", " and ": " separators, keys in the object's
 // order, floats as Python's repr. Used for tool schemas, response_format and non-string

@@ -94,19 +94,8 @@ std::string json_string_body(std::string_view s) {
 }  // namespace
 
 CompletionStream::CompletionStream(ChatMode mode, const ojson& tools)
-    : mode_(mode), state_(mode == ChatMode::Thinking ? State::Reasoning : State::Content) {
-  if (tools.is_null()) return;
-  if (!tools.is_array()) throw Error("completion stream: tools must be a list");
-  for (size_t k = 0; k < tools.size(); ++k) {
-    const ojson& t = tools[k];
-    const ojson* holder = &t;
-    if (t.is_object() && t.contains("function") && t["function"].is_object()) holder = &t["function"];
-    if (!holder->is_object() || !holder->contains("name") || !(*holder)["name"].is_string())
-      throw Error("completion stream: tools[" + std::to_string(k) + "]: no function name");
-    tool_names_.insert((*holder)["name"].get<std::string>());
-  }
-  check_names_ = true;
-}
+    : mode_(mode), check_names_(!tools.is_null()), tools_(tools),
+      state_(mode == ChatMode::Thinking ? State::Reasoning : State::Content) {}
 
 std::vector<CompletionEvent> CompletionStream::feed(std::string_view text) {
   if (finished_) throw Error("completion stream: text fed after finish()");
@@ -125,7 +114,7 @@ std::vector<CompletionEvent> CompletionStream::finish() {
   finished_ = true;
   result_.ended = state_ == State::Ended;
   try {
-    (void)parse_completion(text_, mode_);
+    (void)parse_completion(text_, mode_, tools_);
     result_.well_formed = !refused_;
   } catch (const Error&) {
     result_.well_formed = false;
@@ -206,6 +195,7 @@ void CompletionStream::begin_call(const std::string& name, size_t header_end) {
   result_.tool_call_dsml.emplace_back();
   const int index = static_cast<int>(result_.parsed.tool_calls.size()) - 1;
   emit(CompletionEvent::Kind::ToolCallBegin, name, index);
+  call_name_ = name;
   emit(CompletionEvent::Kind::ToolCallArguments, "{", index);
   call_raw_ = buf_.substr(0, header_end);
   buf_.erase(0, header_end);
@@ -299,7 +289,7 @@ bool CompletionStream::step_block() {
       }
       const std::optional<std::string> name =
           invoke_name(std::string_view(buf_).substr(kInvoke.size(), header_end - kInvoke.size()));
-      if (!name || name->empty() || (check_names_ && !tool_names_.count(*name))) {
+      if (!name || name->empty() || (check_names_ && !tools_.has_tool(*name))) {
         if (name) refused_ = true;
         malformed();
         return true;
@@ -363,13 +353,16 @@ bool CompletionStream::step_block() {
       param_names_.push_back(name);
       const size_t header_end = f.pos + (f.which == 0 ? kStringTrue : kStringFalse).size();
       const std::string key = (param_names_.size() > 1 ? ", " : "") + to_python_json(name) + ": ";
-      if (f.which == 0) {
+      // A string="true" value is streamed as it arrives when it stays a JSON string whatever
+      // its text; one the schema may type otherwise is held whole, as string="false" values.
+      if (f.which == 0 && string_value_stays_string(tools_.types(call_name_, name))) {
         emit(CompletionEvent::Kind::ToolCallArguments, key + "\"", index);
         call_raw_.append(buf_, 0, header_end);
         buf_.erase(0, header_end);
         state_ = State::StringValue;
       } else {
         param_name_ = std::move(name);
+        held_is_string_ = f.which == 0;
         typed_value_at_ = header_end;
         scan_from_ = header_end;
         state_ = State::TypedValue;
@@ -422,10 +415,9 @@ bool CompletionStream::step_block() {
         return false;
       }
       const std::string value = buf_.substr(typed_value_at_, f.pos - typed_value_at_);
-      const bool is_json = !ojson::parse(value, nullptr, /*allow_exceptions=*/false).is_discarded();
       emit(CompletionEvent::Kind::ToolCallArguments,
            (param_names_.size() > 1 ? ", " : "") + to_python_json(param_name_) + ": " +
-               (is_json ? value : to_python_json(value)),
+               typed_argument(value, held_is_string_, tools_.types(call_name_, param_name_)),
            index);
       const size_t end = f.pos + (f.which == 0 ? kValueEnd : kValueEndNl).size();
       call_raw_.append(buf_, 0, end);

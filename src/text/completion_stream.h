@@ -14,14 +14,17 @@
 // - The concatenated deltas are the final result: reasoning deltas join to
 //   result().parsed.reasoning_content, content deltas to .content, a call's argument fragments to
 //   its "arguments" (a JSON object text, also for a call cut short). When parse_completion accepts
-//   the text (result().well_formed), result().parsed is exactly what it returns.
+//   the text (result().well_formed), result().parsed is exactly what it returns given the same
+//   tools.
 //
 // Tool calls. A call begins (ToolCallBegin with its name) once its invoke tag is complete and well
 // formed, i.e. once the tag after it ("<｜DSML｜parameter" or "</｜DSML｜invoke") has arrived, and
 // its name is in the tools list (when one is given) and not empty. Arguments: "{" at the begin;
 // a string="true" parameter as `"name": "` then its value JSON-escaped as it arrives, then `"`;
 // a string="false" parameter whole once its closing tag arrives, the value as written when it
-// parses as JSON, else as a JSON string; "}" at "</｜DSML｜invoke>" (ToolCallEnd).
+// parses as JSON, else as a JSON string; "}" at "</｜DSML｜invoke>" (ToolCallEnd). With a tools
+// list, values are typed by the parameter's schema (tool_schema.h): a string="true" value whose
+// schema does not allow a string is held whole like a string="false" one.
 //
 // Malformed markup is never an error (a server has already sent part of the answer). The rule:
 // - a block that fails before its first call began is plain text: its "\n\n<｜DSML｜tool_calls"
@@ -82,8 +85,9 @@ struct StreamedCompletion {
 class CompletionStream {
  public:
   // `mode`: thinking (the text starts with reasoning) or chat. `tools`: null (any tool name is
-  // taken) or the request's tools, a list of {"type":"function","function":{"name":..}} (or
-  // {"name":..}) objects; then a call to a name not in it is malformed markup. Throws
+  // taken, values as written) or the request's tools, a list of
+  // {"type":"function","function":{"name":..,"parameters":..}} (or {"name":..}) objects; then a
+  // call to a name not in it is malformed markup and values are typed by the schemas. Throws
   // dsv4::Error for a tools value of another shape.
   explicit CompletionStream(ChatMode mode, const nlohmann::ordered_json& tools = nullptr);
 
@@ -109,7 +113,7 @@ class CompletionStream {
     CallBody,      // at "<｜DSML｜parameter" or "</｜DSML｜invoke"
     ParamHeader,   // at "<｜DSML｜parameter": ` name="P" string="true|false">`
     StringValue,   // inside a string="true" value (streamed)
-    TypedValue,    // at "<｜DSML｜parameter" of a string="false" parameter (held whole)
+    TypedValue,    // at "<｜DSML｜parameter" of a held value (string="false", or typed by schema)
     AfterParam,    // after "</｜DSML｜parameter": ">\n" and a tag
     AfterInvoke,   // after "</｜DSML｜invoke>": "\n" and a tag
     Ended,         // after the end-of-sentence text
@@ -128,8 +132,8 @@ class CompletionStream {
   void malformed();
 
   ChatMode mode_;
-  bool check_names_ = false;
-  std::set<std::string> tool_names_;
+  bool check_names_ = false;  // a tools list was given: calls to other names are malformed
+  ToolSchemas tools_;
 
   State state_;
   bool finishing_ = false, finished_ = false;
@@ -149,7 +153,9 @@ class CompletionStream {
   bool call_open_ = false;
   std::string call_raw_;  // its text so far
   std::vector<std::string> param_names_;
+  std::string call_name_;
   size_t typed_value_at_ = 0;  // TypedValue: where the value starts in buf_
+  bool held_is_string_ = false;  // TypedValue: the parameter's string="true" flag
   std::string param_name_;
 };
 

@@ -86,7 +86,7 @@ void check_stream(const std::string& s, dsv4::ChatMode mode, const nlohmann::ord
     if (utf8) require(nlohmann::ordered_json::parse(args[k], nullptr, false).is_object());
   }
   if (whole.result.well_formed) {
-    const dsv4::ParsedCompletion ref = dsv4::parse_completion(s, mode);
+    const dsv4::ParsedCompletion ref = dsv4::parse_completion(s, mode, dsv4::ToolSchemas(tools));
     require(ref.reasoning_content == p.reasoning_content && ref.content == p.content && ref.tool_calls == p.tool_calls);
   }
   // Other splits: byte by byte, and pieces of 1-16 bytes chosen by a generator seeded from the input.
@@ -120,7 +120,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const dsv4::Error&) {
     }
     check_stream(s, mode, nullptr);
-    check_stream(s, mode, nlohmann::ordered_json::parse(R"([{"type":"function","function":{"name":"get_weather"}},{"name":"a"}])"));
+    // Tools with schemas of each kind the typing reads (tool_schema.h), and one without.
+    static const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(R"([
+      {"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{
+        "location":{"type":"string"},"days":{"type":"integer"},"scale":{"type":"number"},
+        "units":{"enum":["c","f"]},"opts":{"type":["object","null"]},"flag":{"anyOf":[{"type":"boolean"},{"type":"string"}]},
+        "tags":{"type":"array"}}}}},
+      {"name":"a"}])");
+    check_stream(s, mode, tools);
     nlohmann::ordered_json j = nlohmann::ordered_json::parse(s, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) continue;
     dsv4::ChatOptions o;
