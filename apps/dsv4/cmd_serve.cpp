@@ -19,6 +19,7 @@ int cmd_serve(const Args& a) {
   so.model_name = a.str("model-name", "");
   so.scheduler.max_batch = static_cast<int>(a.integer("max-batch", 16));
   so.scheduler.step_tokens = a.integer("step-tokens", 256);
+  so.scheduler.step_tokens_decoding = a.integer("step-tokens-decoding", 64);
   so.scheduler.max_queue = static_cast<int>(a.integer("max-queue", 64));
   so.scheduler.cache_budget = static_cast<int64_t>(a.number("cache-budget", 1024) * 1024 * 1024);
   so.default_max_tokens = a.integer("max-tokens", 4096);
@@ -27,6 +28,7 @@ int cmd_serve(const Args& a) {
   if (so.port < 0 || so.port > 65535) throw Usage("--port must be in [0, 65535]");
   if (so.scheduler.max_batch < 1 || so.scheduler.max_batch > 256) throw Usage("--max-batch must be in [1, 256]");
   if (so.scheduler.step_tokens < 1) throw Usage("--step-tokens must be >= 1");
+  if (so.scheduler.step_tokens_decoding < 1) throw Usage("--step-tokens-decoding must be >= 1");
   if (so.scheduler.max_queue < 0) throw Usage("--max-queue must be >= 0");
   if (so.scheduler.cache_budget < 0) throw Usage("--cache-budget must be >= 0");
   if (so.default_max_tokens < 1) throw Usage("--max-tokens must be >= 1");

@@ -147,6 +147,9 @@ Commands:
       --ctx-size N       positions a sequence may hold (default: the model's max positions)
       --max-batch N      sequences decoding together (default 16)
       --step-tokens N    tokens per engine step: decode tokens + prefill chunks (default 256)
+      --step-tokens-decoding N   the same while some sequence is decoding (default 64): a
+                         smaller budget bounds each stream's time per token while prompts are
+                         read (at least 32 prompt tokens per step either way)
       --max-queue N      requests waiting for memory or a batch slot before 503 (default 64)
       --kv-budget MB     cache bytes the running sequences may reserve (each reserves prompt +
                          max_tokens positions; default: --memory-budget's auto); a request

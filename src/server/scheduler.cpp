@@ -303,6 +303,11 @@ void Scheduler::retire(Active& a) {
   a.job->push(Event::of(Event::Done));
 }
 
+int64_t prefill_budget(const SchedulerOptions& o, int64_t decode_tokens) {
+  const int64_t limit = decode_tokens > 0 ? o.step_tokens_decoding : o.step_tokens;
+  return std::max<int64_t>(limit - decode_tokens, 32);
+}
+
 void Scheduler::step() {
   // Cancelled jobs leave before the step: their sequences (and reservations) are freed now.
   std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->job->cancelled(); });
@@ -322,9 +327,7 @@ void Scheduler::step() {
           reqs.push_back({&c->seq, {c->next}, Rows::Last});
           slots.push_back({a.get(), c.get(), false});
         }
-  // Prefill chunks from what is left of the token budget (at least a small chunk, so prompts
-  // progress even when the batch alone fills the budget).
-  int64_t budget = std::max<int64_t>(opt_.step_tokens - static_cast<int64_t>(reqs.size()), 32);
+  int64_t budget = prefill_budget(opt_, static_cast<int64_t>(reqs.size()));
   for (auto& a : active_) {
     if (a->prefilled || budget <= 0) continue;
     const int64_t n = std::min<int64_t>(budget, static_cast<int64_t>(a->pending.size()));

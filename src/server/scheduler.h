@@ -111,9 +111,17 @@ class Job {
 struct SchedulerOptions {
   int max_batch = 16;              // choices decoding at once
   int64_t step_tokens = 256;       // tokens per step (decode tokens + prefill chunks)
+  // The same while some sequence is decoding: a step's time is mostly its prefill tokens, and
+  // every decoding stream waits for it, so a smaller budget bounds the time per output token
+  // (prompts then take more, shorter steps).
+  int64_t step_tokens_decoding = 64;
   int max_queue = 64;              // jobs waiting for admission before submit() refuses
   int64_t cache_budget = 256 << 20;  // bytes of prefix-cache snapshots (0 = no cache)
 };
+
+// Prompt tokens a step may carry beside `decode_tokens` decode tokens: what is left of
+// step_tokens (step_tokens_decoding when decode_tokens > 0), at least 32 so prompts progress.
+int64_t prefill_budget(const SchedulerOptions& o, int64_t decode_tokens);
 
 class Scheduler {
  public:
