@@ -149,17 +149,16 @@ BenchResult run_bench(const BenchOptions& o) {
     row.step_s = s / static_cast<double>(o.gen);
     row.tok_s = static_cast<double>(B * o.gen) / s;
     row.bytes_per_step = static_cast<double>(c1.weight_bytes - c0.weight_bytes) / static_cast<double>(o.gen);
+    if (profile) row.profile = take_profile(), row.stages = take_stages();
     r.batch_rows.push_back(row);
     if (B == 1 || r.decode_s == 0) {  // the batch-1 figures (or the first batch's, without one)
+      r.decode_profile = row.profile, r.decode_stages = row.stages;
       r.decode_s = s;
       r.decode_tok_s = static_cast<double>(o.gen) / s;
       r.decode_bytes_per_token = row.bytes_per_step;
       r.decode_sent_per_token = static_cast<double>(engine.bytes_sent() - sent0) / static_cast<double>(o.gen);
     }
   }
-  MatmulCounters after = matmul_counters();
-  (void)after;
-  if (profile) r.decode_profile = take_profile(), r.decode_stages = take_stages();
   r.kv_positions = seq.pos();
   r.kv_bytes = static_cast<double>(seq.cache_bytes());
   r.kv_bound_bytes = static_cast<double>(engine.sequence_bytes(seq.pos()));
@@ -269,6 +268,10 @@ std::string bench_json(const BenchResult& r) {
       std::snprintf(buf, sizeof buf, "%s{\"batch\": %lld, \"tok_s\": %.4g, \"step_ms\": %.4g, \"bytes_per_step\": %.6g, \"bw_ratio\": %.4f}",
                     i ? ", " : "", static_cast<long long>(b.batch), b.tok_s, 1e3 * b.step_s, b.bytes_per_step, b.bw_ratio);
       out += buf;
+      if (!b.profile.empty()) {
+        out.pop_back();
+        out += ", \"profile\": " + profile_json(b.profile, b.stages, b.step_s * static_cast<double>(r.gen)) + "}";
+      }
     }
     out += "]}";
   }
@@ -324,6 +327,13 @@ std::string bench_table(const BenchResult& r) {
   }
   if (!r.prefill_profile.empty()) out += profile_table("prefill", r.prefill_profile, r.prefill_stages, r.prefill_s);
   if (!r.decode_profile.empty()) out += profile_table("decode", r.decode_profile, r.decode_stages, r.decode_s);
+  const bool has_batch1 = std::any_of(r.batch_rows.begin(), r.batch_rows.end(), [](const auto& b) { return b.batch == 1; });
+  for (const auto& b : r.batch_rows) {
+    const bool primary = b.batch == 1 || (!has_batch1 && &b == &r.batch_rows.front());  // printed above
+    if (b.profile.empty() || primary) continue;
+    const std::string phase = "decode at batch " + std::to_string(b.batch);
+    out += profile_table(phase.c_str(), b.profile, b.stages, b.step_s * static_cast<double>(r.gen));
+  }
   return out;
 }
 

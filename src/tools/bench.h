@@ -69,9 +69,13 @@ struct BenchResult {
   struct BatchRow {
     int64_t batch = 0;
     double tok_s = 0, step_s = 0, bytes_per_step = 0, bw_ratio = 0;
+    // With BenchOptions::profile: this batch size's decode steps alone.
+    std::vector<BenchProfileRow> profile;
+    std::vector<BenchStageRow> stages;
   };
   std::vector<BatchRow> batch_rows;
-  // With BenchOptions::profile: time inside matmul per weight and shape, per phase.
+  // With BenchOptions::profile: time inside matmul per weight and shape, per phase (decode: the
+  // batch-1 steps, or the first batch size's without them; every size's in batch_rows).
   std::vector<BenchProfileRow> prefill_profile, decode_profile;
   std::vector<BenchStageRow> prefill_stages, decode_stages;
   // The decoded sequence's cache at the end (positions, bytes it references) and the bound
