@@ -114,6 +114,9 @@ BenchResult run_bench(const BenchOptions& o) {
   for (int64_t p = 0; p < o.prompt_len; p += chunk) {
     const int64_t e = std::min(o.prompt_len, p + chunk);
     res = engine.step({{&seq, std::vector<int32_t>(prompt.begin() + p, prompt.begin() + e), e == o.prompt_len ? Rows::Last : Rows::None}});
+    if (e < o.prompt_len)  // long prompts take minutes: say how far
+      std::fprintf(stderr, "bench: prefill %lld / %lld tokens, %.1f tok/s so far\n", static_cast<long long>(e),
+                   static_cast<long long>(o.prompt_len), static_cast<double>(e) / seconds_since(t0));
   }
   double prefill_s = seconds_since(t0);
   MatmulCounters mid = matmul_counters();

@@ -28,7 +28,7 @@ struct XStats {
 // Per-thread, 64-byte aligned scratch that grows on demand and lives until the thread exits.
 // Distinct slots may be held at once; the calling thread owns kSlotX for the packed activations
 // while pool workers (and the caller, as one of them) use the others.
-enum ScratchSlot { kSlotX = 0, kSlotPanel = 1, kSlotScale = 2, kSlotOut = 3, kSlotTmp = 4, kNumSlots = 5 };
+enum ScratchSlot { kSlotX = 0, kSlotPanel = 1, kSlotScale = 2, kSlotOut = 3, kSlotTmp = 4, kSlotXScaled = 5, kNumSlots = 6 };
 float* scratch(ScratchSlot slot, size_t floats);
 // Frees the calling thread's scratch.
 void release_scratch();
