@@ -1,6 +1,7 @@
 // Compact cache storage is lossless for the values the model stores.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "core/formats.h"
@@ -42,6 +43,25 @@ TEST(Fp4Codec, LosslessOnFp4SimulatedVectors) {
       c.encode(v.data(), bytes.data());
       c.decode(bytes.data(), back.data());
       for (int i = 0; i < 128; ++i) ASSERT_EQ(back[i], v[i]) << i;
+    }
+  }
+}
+
+// Every code at every scale byte decodes to e2m1 * 2^(b-127) as formats.h defines them (the
+// decoder uses a table of the codes' values: same floats, -0 included).
+TEST(Fp4Codec, DecodeIsCodeTimesScale) {
+  Fp4Codec c{32};
+  std::vector<uint8_t> bytes(c.bytes());
+  std::vector<float> back(32);
+  for (int b = 0; b < 255; ++b) {
+    for (int i = 0; i < 16; ++i) bytes[static_cast<size_t>(i)] = static_cast<uint8_t>(i | ((15 - i) << 4));
+    bytes[16] = static_cast<uint8_t>(b);
+    c.decode(bytes.data(), back.data());
+    for (int i = 0; i < 32; ++i) {
+      const uint8_t code = static_cast<uint8_t>(i % 2 == 0 ? i / 2 : 15 - i / 2);
+      const float want = e2m1_to_f32(code) * e8m0_to_f32(static_cast<uint8_t>(b));
+      ASSERT_EQ(std::signbit(back[i]), std::signbit(want)) << "scale " << b << " i " << i;
+      ASSERT_EQ(back[i], want) << "scale " << b << " i " << i;
     }
   }
 }

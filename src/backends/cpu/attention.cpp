@@ -60,9 +60,15 @@ std::vector<int32_t> indexer_topk(const float* q, const float* w, const float* k
   std::vector<float> dots(static_cast<size_t>(heads * n));  // the keys as a weight, heads as tokens
   qmatmul(f32_weight(keys, n, dim), 0, n, q, dim, heads, dots.data(), n);
   count_matmul_flops(static_cast<uint64_t>(2 * heads * n * dim));
+  // Each key's score sums its heads in order h = 0, 1, ...: split over keys (ranges of 256), the
+  // bits do not depend on the split.
   std::vector<float> score(static_cast<size_t>(n), 0.0f);
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t b = 0; b < n; ++b) score[b] += w[h] * std::max(0.0f, dots[h * n + b]);
+  constexpr int64_t kKeys = 256;
+  thread_pool().parallel_for((n + kKeys - 1) / kKeys, [&](int64_t cb, int64_t ce) {
+    const int64_t b0 = cb * kKeys, b1 = std::min(n, ce * kKeys);
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t b = b0; b < b1; ++b) score[b] += w[h] * std::max(0.0f, dots[h * n + b]);
+  });
   return topk(score.data(), n, k);
 }
 
