@@ -425,6 +425,28 @@ TEST_F(ServerRequest, DeepNestingIsRefusedNotACrash) {
   EXPECT_EQ(refused(Api::Anthropic, anthropic_body("\"x\":" + std::string(120, '[') + std::string(120, ']'))), "");
 }
 
+TEST_F(ServerRequest, RenderErrorsSayWhichListTheyCount) {
+  // A tool call the renderer refuses (its function is not an object): the renderer names the
+  // message by its index in the list it got, which has a system message put first for the tools.
+  const std::string calls = R"({"role":"assistant","tool_calls":[{"type":"function","function":5}]})";
+  const auto what = [&](Api api, const std::string& body) {
+    try {
+      (void)parse(api, body);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, "messages");
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string with_tools =
+      what(Api::OpenAiChat, R"({"tools":[)" + kTool + R"(],"messages":[{"role":"user","content":"x"},)" + calls + "]}");
+  EXPECT_NE(with_tools.find("messages[2]"), std::string::npos) << with_tools;
+  EXPECT_NE(with_tools.find("added first for the tools"), std::string::npos) << with_tools;
+  const std::string without = what(Api::OpenAiChat, R"({"messages":[{"role":"user","content":"x"},)" + calls + "]}");
+  EXPECT_NE(without.find("messages[1]"), std::string::npos) << without;
+  EXPECT_EQ(without.find("added first"), std::string::npos) << without;
+}
+
 // The answer side of two fixes above: what the parsed requests lead to must format as JSON.
 TEST_F(ServerRequest, AnswersFormatWithoutThrowing) {
   ToolCallStore store;

@@ -394,7 +394,10 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
   try {
     r.prompt_text = render_chat(rendered, co);
   } catch (const Error& e) {
-    bad_request("messages", e.what());
+    // The renderer's indices are of the list it got: one more than the client's when a system
+    // message was put first to carry the tools.
+    const bool shifted = rendered.size() != msgs->size();
+    bad_request("messages", std::string(e.what()) + (shifted ? " (counting a system message added first for the tools)" : ""));
   }
   if (forced_any) r.forced_prefix = forced_call_prefix(forced);
   const int64_t mt = f.integer("max_completion_tokens", f.integer("max_tokens", 0, 1, 1 << 30), 1, 1 << 30);
@@ -558,7 +561,9 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, 
   try {
     r.prompt_text = render_chat(rendered, co);
   } catch (const Error& e) {
-    bad_request("messages", e.what());
+    // The renderer's indices are of the converted list (system first, a tool_result block a
+    // message of its own), not of the client's messages.
+    bad_request("messages", std::string(e.what()) + " (in the conversation as converted to OpenAI messages)");
   }
   if (forced_any) r.forced_prefix = forced_call_prefix(forced);
   tokenize_prompt(r, model, lim, "max_tokens", max_tokens);
