@@ -16,6 +16,9 @@
 #   GGML_BUILD_DIR     ggml's build (default build-ggml/, git-ignored); ggml is configured with its
 #                      default options plus GGML_CMAKE_ARGS (default empty), libraries ggml + ggml-cpu
 #   GGML_CMAKE_ARGS    extra ggml CMake options, e.g. "-DGGML_LLAMAFILE=ON" (llama.cpp's default)
+#   OMP_WAIT_POLICY    passed through to ggml (its default build runs its threads under OpenMP, whose
+#                      default spin-waiting collapses ggml's GEMV when another process takes a core;
+#                      "passive" sleeps instead); printed in the table's header when set
 #
 # Each round: `qmatmul_bench --only bw` (streaming read of 1 GiB on THREADS threads), then for each
 # shape ours and ggml's one after the other, the order swapped every round. Ours: `qmatmul_bench
@@ -122,7 +125,7 @@ mmm() { sort -g "$1" | awk -v d="${2:-2}" '{ v[NR] = $1 } END { printf "%.*f / %
 echo
 echo "ggml-compare: $START, CPU \"$CPU\", $THREADS threads, $ROUNDS rounds (best of $REPS passes each),"
 echo "~$GIB GiB of weights per shape and side; load average before: $LOAD0; after: $LOAD1"
-echo "ggml: $GGML_SRC, default CMake options${GGML_CMAKE_ARGS:+ + $GGML_CMAKE_ARGS}; GB/s of stored weight bytes"
+echo "ggml: $GGML_SRC, default CMake options${GGML_CMAKE_ARGS:+ + $GGML_CMAKE_ARGS}${OMP_WAIT_POLICY:+, OMP_WAIT_POLICY=$OMP_WAIT_POLICY}; GB/s of stored weight bytes"
 echo
 echo "| shape (rows x cols) | ours / ggml format | ours GB/s min / median / max | ggml GB/s min / median / max | ggml / ours per round, min / median / max |"
 echo "|---|---|---|---|---|"
