@@ -94,6 +94,8 @@ theirs() {  # shape type -> "GB/s buffer-type" (best pass)
   awk '{ for (i = 1; i <= NF; ++i) { split($i, kv, "="); v[kv[1]] = kv[2] } print v["best"], v["buft"] }' <<<"$line"
 }
 
+GGML_REV=""
+[[ -e "$GGML_SRC/.git" ]] && GGML_REV=" ($(git -C "$GGML_SRC" rev-parse --short HEAD 2>/dev/null || echo '?'))"
 CPU=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
 START=$(date -u '+%Y-%m-%d %H:%M UTC')
 LOAD0=$(uptime | sed 's/.*load average: //')
@@ -125,7 +127,7 @@ mmm() { sort -g "$1" | awk -v d="${2:-2}" '{ v[NR] = $1 } END { printf "%.*f / %
 echo
 echo "ggml-compare: $START, CPU \"$CPU\", $THREADS threads, $ROUNDS rounds (best of $REPS passes each),"
 echo "~$GIB GiB of weights per shape and side; load average before: $LOAD0; after: $LOAD1"
-echo "ggml: $GGML_SRC, default CMake options${GGML_CMAKE_ARGS:+ + $GGML_CMAKE_ARGS}${OMP_WAIT_POLICY:+, OMP_WAIT_POLICY=$OMP_WAIT_POLICY}; GB/s of stored weight bytes"
+echo "ggml: $GGML_SRC$GGML_REV, default CMake options${GGML_CMAKE_ARGS:+ + $GGML_CMAKE_ARGS}${OMP_WAIT_POLICY:+, OMP_WAIT_POLICY=$OMP_WAIT_POLICY}; GB/s of stored weight bytes"
 echo
 echo "| shape (rows x cols) | ours / ggml format | ours GB/s min / median / max | ggml GB/s min / median / max | ggml / ours per round, min / median / max |"
 echo "|---|---|---|---|---|"
