@@ -4,7 +4,11 @@
 // GFLOP/s and as a fraction of the measured FMA peak; and the fused-vs-GEMM crossover in T.
 //
 // Usage: qmatmul_bench [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N]
-//                      [--only gemv|sweep|gemm]
+//                      [--only bw|gemv|sweep|gemm] [--shape ROWSxCOLS] [--format F[,F...]] [--no-probe]
+// --only bw measures the streaming read bandwidth on all threads and stops; --format limits the
+// GEMV and GEMM tables to the named formats (F32, BF16, F16, FP8Block, MXFP4, NVFP4; any case);
+// --no-probe skips the machine probes (the GEMV's "of bw" column then shows "-").
+// scripts/ggml-compare.sh runs it as `--only gemv --shape RxC --format F --no-probe` and `--only bw`.
 // GCC 12's intrinsic headers build _mm*_undefined_*() from self-initialised locals, which
 // trips -Wuninitialized once inlined (GCC PR 105593); silence it for the header only.
 #pragma GCC diagnostic push
@@ -14,6 +18,7 @@
 #pragma GCC diagnostic pop
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -168,7 +173,8 @@ int main(int argc, char** argv) {
   bool quick = false;
   int reps = 5, threads = 0;
   double gib = 1.0;
-  std::string isa_arg, only;
+  std::string isa_arg, only, formats_arg;
+  bool probe = true;
   long long shape_rows = 4096, shape_cols = 7168;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -184,6 +190,10 @@ int main(int argc, char** argv) {
       threads = std::atoi(argv[++i]);
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
+    } else if (a == "--format" && i + 1 < argc) {
+      formats_arg = argv[++i];
+    } else if (a == "--no-probe") {
+      probe = false;
     } else if (a == "--shape" && i + 1 < argc) {
       if (std::sscanf(argv[++i], "%lldx%lld", &shape_rows, &shape_cols) != 2 || shape_rows <= 0 || shape_cols <= 0) {
         std::fprintf(stderr, "--shape wants ROWSxCOLS, e.g. 2048x4096\n");
@@ -191,12 +201,34 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N] "
-                   "[--only gemv|sweep|gemm] [--shape ROWSxCOLS]\n",
+                   "[--only bw|gemv|sweep|gemm] [--shape ROWSxCOLS] [--format F[,F...]] [--no-probe]\n",
                    argv[0]);
       return 2;
     }
   }
   if (quick) gib = std::min(gib, 0.25), reps = std::min(reps, 3);
+  // --format: a comma-separated subset of kFormats, names compared case-insensitively.
+  std::vector<WFormat> formats;
+  {
+    auto upper = [](std::string v) {
+      for (char& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      return v;
+    };
+    size_t pos = 0;
+    while (!formats_arg.empty() && pos <= formats_arg.size()) {
+      const size_t end = std::min(formats_arg.find(',', pos), formats_arg.size());
+      const std::string name = upper(formats_arg.substr(pos, end - pos));
+      bool found = false;
+      for (WFormat f : kFormats)
+        if (upper(wformat_name(f)) == name) formats.push_back(f), found = true;
+      if (!found) {
+        std::fprintf(stderr, "unknown format '%s' (F32, BF16, F16, FP8Block, MXFP4, NVFP4)\n", name.c_str());
+        return 2;
+      }
+      pos = end + 1;
+    }
+    if (formats.empty()) formats.assign(std::begin(kFormats), std::end(kFormats));
+  }
   if (!isa_arg.empty()) {
     const Isa isa = isa_arg == "scalar" ? Isa::Scalar : isa_arg == "avx2" ? Isa::AVX2 : Isa::AVX512;
     if (!isa_supported(isa)) {
@@ -212,14 +244,22 @@ int main(int argc, char** argv) {
               reps, gib);
 
   // Machine: the same probes `dsv4 bench` uses (src/tools/roofline).
-  set_threads(1);
-  const double bw1 = measure_read_bandwidth(static_cast<size_t>(1) << 30, reps);
-  std::printf("read bandwidth, 1 thread : best %6.2f GB/s\n", bw1);
-  set_threads(threads);
-  const double bw = measure_read_bandwidth(static_cast<size_t>(1) << 30, reps);
-  std::printf("read bandwidth, %d threads: best %6.2f GB/s\n", nthr, bw);
-  const double peak = measure_peak_gflops(reps);
-  std::printf("peak FMA (%s, %d threads): best %7.1f GFLOP/s\n", isa_name(isa), nthr, peak);
+  if (only == "bw") {
+    const double bw = measure_read_bandwidth(static_cast<size_t>(1) << 30, reps);
+    std::printf("read bandwidth, %d threads: best %6.2f GB/s\n", nthr, bw);
+    return 0;
+  }
+  double bw = 0, peak = 0;
+  if (probe) {
+    set_threads(1);
+    const double bw1 = measure_read_bandwidth(static_cast<size_t>(1) << 30, reps);
+    std::printf("read bandwidth, 1 thread : best %6.2f GB/s\n", bw1);
+    set_threads(threads);
+    bw = measure_read_bandwidth(static_cast<size_t>(1) << 30, reps);
+    std::printf("read bandwidth, %d threads: best %6.2f GB/s\n", nthr, bw);
+    peak = measure_peak_gflops(reps);
+    std::printf("peak FMA (%s, %d threads): best %7.1f GFLOP/s\n", isa_name(isa), nthr, peak);
+  }
 
   // GEMV over > LLC of weights: a set of ROWS x COLS matrices (default 4096 x 7168), each called once per repetition.
   const int64_t rows = shape_rows, cols = shape_cols;
@@ -239,7 +279,7 @@ int main(int argc, char** argv) {
   std::printf("\nGEMV T=1, %lld x %lld matrices, each read once per pass\n", static_cast<long long>(rows),
               static_cast<long long>(cols));
   std::printf("%-9s %5s %9s %9s %9s %7s %9s\n", "format", "mats", "MiB", "best GB/s", "worst", "of bw", "ms/mat");
-  for (WFormat f : kFormats) {
+  for (WFormat f : formats) {
     const size_t per = WeightSet::payload(f, rows, cols);
     const int count = std::max(1, static_cast<int>(gib * (1u << 30) / static_cast<double>(per)));
     WeightSet set(f, rows, cols, count);
@@ -248,8 +288,10 @@ int main(int argc, char** argv) {
     };
     pass();
     const Stats s = rate(reps, static_cast<double>(set.bytes) / 1e9, pass);
-    std::printf("%-9s %5d %9.0f %9.2f %9.2f %6.0f%% %9.3f\n", wformat_name(f), count,
-                static_cast<double>(set.bytes) / (1 << 20), s.best, s.worst, 100.0 * s.best / bw,
+    char of_bw[16] = "      -";
+    if (bw > 0) std::snprintf(of_bw, sizeof of_bw, "%6.0f%%", 100.0 * s.best / bw);
+    std::printf("%-9s %5d %9.0f %9.2f %9.2f %s %9.3f\n", wformat_name(f), count,
+                static_cast<double>(set.bytes) / (1 << 20), s.best, s.worst, of_bw,
                 1e3 * static_cast<double>(set.bytes) / 1e9 / s.best / count);
   }
   }
@@ -286,7 +328,7 @@ int main(int argc, char** argv) {
   std::printf("\nGEMM T=%lld, %lld x %lld, GFLOP/s (peak FMA %.1f)\n", static_cast<long long>(T),
               static_cast<long long>(rows), static_cast<long long>(cols), peak);
   std::printf("%-9s %10s %10s %7s\n", "format", "best", "worst", "of peak");
-  for (WFormat f : kFormats) {
+  for (WFormat f : formats) {
     WeightSet set(f, rows, cols, 1);
     auto call = [&] { qmatmul(set.ws[0], 0, rows, x.data(), cols, T, y.data(), rows); };
     call();
