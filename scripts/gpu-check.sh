@@ -14,7 +14,7 @@
 #   1. Golden logits through the CLI: `dsv4 score --device cuda` on every golden case
 #      (tests/data/golden, ../shared/golden/small-native) against the float64 golden logits at
 #      the case's thresholds, and against `dsv4 score --device cpu` (scripts/compare-logits.py,
-#      needs python3, no numpy).
+#      needs python3, no numpy); with --mtp-out, the MTP logits against expected-mtp.npy too.
 #   2. Chunk invariance through the CLI: --chunk 7 and all-decode == one-shot prefill (<= 1e-5).
 #   3. Speed: `dsv4 bench --device cuda` on the tiny and small models ($DSV4_GPU_BENCH_MODEL adds
 #      one more, e.g. a flash-proxy made with `dsv4 make-tiny --preset flash-proxy`); the
@@ -104,10 +104,16 @@ if "$DSV4" --help 2>/dev/null | grep -- "--device" >/dev/null; then  # grep read
       prefill=$(sed -n 's/.*"prefill": *\([0-9]*\).*/\1/p' "$case/case.json")
       o="$BUILD/gpu-logits-$name"
       score() { "$DSV4" score --model "$case/model" --tokens "$toks" --out "$@"; }
-      record "cli.golden.$name.cuda" score "$o-cuda.npy" --device cuda --prefill "$prefill"
+      mtp=()
+      [ -f "$case/expected-mtp.npy" ] && mtp=(--mtp-out "$o-cuda-mtp.npy")
+      record "cli.golden.$name.cuda" score "$o-cuda.npy" --device cuda --prefill "$prefill" "${mtp[@]}"
       record "cli.golden.$name.cpu" score "$o-cpu.npy" --device cpu --prefill "$prefill"
       record "cli.golden.$name.cuda_vs_golden" python3 scripts/compare-logits.py "$o-cuda.npy" "$case/expected.npy" \
         --case "$case/case.json" --label "$name cuda vs golden"
+      if [ ${#mtp[@]} -gt 0 ]; then
+        record "cli.golden.$name.cuda_mtp_vs_golden" python3 scripts/compare-logits.py "$o-cuda-mtp.npy" \
+          "$case/expected-mtp.npy" --case "$case/case.json" --mtp --label "$name cuda MTP vs golden"
+      fi
       record "cli.golden.$name.cuda_vs_cpu" python3 scripts/compare-logits.py "$o-cuda.npy" "$o-cpu.npy" --max-rel 2e-3 \
         --label "$name cuda vs cpu"
       record "cli.chunks.$name.oneshot" score "$o-all.npy" --device cuda --prefill "$ntok"

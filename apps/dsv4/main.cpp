@@ -42,7 +42,7 @@ Commands:
                          block at position t given token t+1, predicting token t+2
       --device D         cpu | cuda (default cpu). cuda needs a dsv4 built with CUDA and a
                          usable GPU, else exits 1 saying which is missing; its caches are
-                         sized for the longest sequence given; no MTP on cuda yet
+                         sized for the longest sequence given; --mtp-out works on both
       --parallel P       ep | tp | ep+tp, under `mpirun -np N` (score, generate, chat,
                          bench): ep splits the routed experts by id across the N processes,
                          tp the attention heads (by output group) and the head's vocabulary
@@ -127,8 +127,9 @@ Commands:
                          weight bytes per step and their share of the bandwidth
       --threads N        worker threads (default: all cores)
       --load M, --memory-budget M   (see score)
-      --device D         cpu | cuda (see score). On cuda only prefill and decode tok/s are
-                         measured: the host limits, byte/FLOP counts and roofline ratios are 0
+      --device D         cpu | cuda (see score; --batch forks there too). On cuda only
+                         prefill and decode tok/s are measured: the host limits, byte/FLOP
+                         counts and roofline ratios are 0
       --json             one JSON object: prefill_tok_s, decode_tok_s, decode_bytes_per_token,
                          mem_bw_gb_s, peak_gflop_s, decode_roofline_ratio,
                          prefill_roofline_ratio, peak_rss_mb, threads, load, device, ...

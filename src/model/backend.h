@@ -45,6 +45,9 @@ struct StepPlan {
   // How the step ends: no head, logits(), or argmax() (greedy ids). A device backend that
   // replays recorded steps tells them apart by it.
   enum class Tail { None, Logits, Ids } tail = Tail::None;
+  // Whether some sequence reads its rows' final states (read_hidden, before the head): such a
+  // step's device work ends there (the states are copied back) and the head runs after it.
+  bool reads_hidden = false;
   int64_t T() const { return static_cast<int64_t>(tokens.size()); }
 };
 

@@ -60,6 +60,7 @@ void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
     ids_only = ids_only && (si.logits == Rows::None || (!si.logits_out && si.argmax_out));
   }
   plan.tail = !any_rows ? StepPlan::Tail::None : ids_only ? StepPlan::Tail::Ids : StepPlan::Tail::Logits;
+  for (const SeqInput& si : in) plan.reads_hidden = plan.reads_hidden || si.hidden_out;
 
   // Host temporaries of the step (all of the CPU backend's activations) are given back here.
   Arena::Scope scope(thread_arena());

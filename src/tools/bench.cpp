@@ -79,7 +79,9 @@ BenchResult run_bench(const BenchOptions& o) {
   eo.threads = o.threads;
   eo.memory_budget = o.memory_budget;
   eo.parallel = o.parallel;
-  if (!cpu) eo.context = o.prompt_len + o.gen + 1;
+  // The device caches are sized for the context: batch 1 continues the prompt's sequence and
+  // every later batch forks it where the last one left it.
+  if (!cpu) eo.context = o.prompt_len + o.gen * static_cast<int64_t>(o.batches.size()) + 1;
   Engine engine(eo);
   const ModelInfo& info = engine.info();
   r.load = info.load;

@@ -36,16 +36,14 @@ DeviceBuffer upload(const std::vector<T>& v, const char* what) {
   return gpu::to_device(v);
 }
 
-// The main model's tensors on the device: one walk over the tensor list (model/tensors.h)
-// uploads each in its stored form (gpu::upload_weight; small tensors as the float / int32
-// vectors the binding made). The ops name weights by their host structs (model/backend.h):
-// weight() and data() find the device copy of one. The mtp.0 block stays on the host until the
-// GPU runs it.
+// The model's tensors on the device (the mtp.0 block's too): one walk over the tensor list
+// (model/tensors.h) uploads each in its stored form (gpu::upload_weight; small tensors as the
+// float / int32 vectors the binding made). The ops name weights by their host structs
+// (model/backend.h): weight() and data() find the device copy of one.
 class DeviceTensors {
  public:
   explicit DeviceTensors(const ModelWeights& w) {
     for_each_tensor(w, [&](const TensorDesc& t, TensorTarget<true> x) {
-      if (t.mtp) return;
       if (x.linear) weights_.emplace(x.linear, gpu::upload_weight(*x.linear));
       if (x.floats) buffers_.emplace(x.floats, upload(*x.floats, t.name.c_str()));
       if (x.ids) buffers_.emplace(x.ids, upload(*x.ids, t.name.c_str()));
@@ -100,7 +98,9 @@ struct DevLayer {
 };
 
 // One layer's caches: the same contents as LayerState in device buffers sized for the context,
-// the entries addressed by block index and the compressor rows by position (cuda_ops.h).
+// the entries addressed by block index and the compressor rows by position (cuda_ops.h). As in
+// kv/state.h, the window ring has window + kRewind slots and the compressor rings kRewind rows
+// more than the pooling needs, so a rewind of up to kRewind positions finds what it needs.
 struct DevLayerState {
   DeviceBuffer ring, entries, index_keys;
   DeviceBuffer comp_a, comp_s, index_comp_a, index_comp_s;
@@ -109,7 +109,7 @@ struct DevLayerState {
 struct CudaSequence final : BackendSequence {
   const void* owner = nullptr;
   uint64_t serial = 0;  // never reused: a step graph is keyed by its sequences (step_graphs.h)
-  std::vector<DevLayerState> layers;
+  std::vector<DevLayerState> layers;  // the main layers, then the MTP block's (when the model has one)
 };
 
 class CudaBackend final : public Backend {
@@ -119,13 +119,8 @@ class CudaBackend final : public Backend {
 
   const char* name() const override { return "cuda"; }
   SequenceState new_sequence() const override;
-  // Not yet on this backend (issue 14): forks and rewinds of the device caches, the MTP block.
-  SequenceState fork(const SequenceState&) const override {
-    throw Error("cuda backend: forking a sequence is not supported yet", ErrorKind::Unsupported);
-  }
-  void truncate(SequenceState&, int64_t, Stack) const override {
-    throw Error("cuda backend: rewinding a sequence is not supported yet", ErrorKind::Unsupported);
-  }
+  SequenceState fork(const SequenceState& st) const override;
+  void truncate(SequenceState& st, int64_t pos, Stack stack) const override;
   int64_t max_rows() const override { return chunk_; }
   Step begin(const StepPlan& plan) override;
   void end(Step& s) override { flush(); }
@@ -168,6 +163,12 @@ class CudaBackend final : public Backend {
 
  private:
   CudaSequence& sequence(SequenceState& st) const;
+  const CudaSequence& sequence(const SequenceState& st) const;
+  // A sequence's device buffers (contents undefined) under a fresh serial number.
+  std::unique_ptr<CudaSequence> allocate_sequence() const;
+  int64_t state_layers() const { return c_.n_layers + (w_.mtp ? 1 : 0); }
+  // The MTP block's input (MODEL.md "MTP block") into s.X: begin() of an MTP step.
+  void mtp_input(Step& s);
   DeviceBuffer& slot(Tmp which, size_t bytes);
   // Every op that enqueues device work starts with it: counts the op and says whether a step
   // graph does the work instead (step_graphs.h).
@@ -177,7 +178,7 @@ class CudaBackend final : public Backend {
   }
   // Runs the step's graph (captured now or before); the stream then holds the whole step.
   void flush();
-  void wait() { gpu::synchronize(stream_); }
+  void wait() const { gpu::synchronize(stream_); }
 
   const ModelWeights& w_;
   const ModelConfig& c_;
@@ -185,8 +186,8 @@ class CudaBackend final : public Backend {
   int64_t context_ = 0, chunk_ = 0;
   size_t kvb_ = 0, ikb_ = 0;  // bytes per cached KV vector / indexer key
   DeviceTensors dev_;
-  gpu::DeviceHcMix head_mix_;
-  std::vector<DevLayer> layers_;
+  gpu::DeviceHcMix head_mix_, mtp_head_mix_;  // hc_head of the main model, of the MTP block
+  std::vector<DevLayer> layers_;              // the main layers, then the MTP block's
   // The routed experts' matrices per MoE layer, for qmatmul_experts (empty: experts of one layer
   // differ in format or shape, and every step routes through the host).
   struct ExpertTables {
@@ -203,8 +204,10 @@ class CudaBackend final : public Backend {
     DeviceBuffer glog, ids, wts, idx, roww, xs, g, u, y;
     DeviceBuffer sg, su, sy;  // routed_experts: per (row, slot) [kMaxRows * n_active, I or D]
     DeviceBuffer logits;
+    DeviceBuffer hid, bcast;  // MTP steps: the main model's final states [chunk_ * hc, D]; r / hc for r < chunk_ * hc
   } ws_;
   gpu::PinnedBuffer stage_;  // the step's token ids [chunk_] then positions [chunk_], uploaded at begin
+  gpu::PinnedBuffer hid_stage_;  // MTP steps: StepPlan::hidden [chunk_ * hc * D], uploaded at begin
 
   // Step graphs: whether decode steps use them, the cache, and the current step's mode and key.
   bool use_graphs_ = true;
@@ -233,9 +236,10 @@ CudaBackend::CudaBackend(const ModelWeights& w, const CudaOptions& o) : w_(w), c
   ikb_ = gpu::fp4_codec_bytes(c.index_dim);
 
   head_mix_ = dev_.take(w.hc_head, c.hc, c.hc * c.dim);
+  if (w.mtp) mtp_head_mix_ = dev_.take(w.mtp->hc_head, c.hc, c.hc * c.dim);
   const int64_t M = c.hc_mix(), width = c.hc * c.dim;
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const LayerW& L = w.layers[l];
+  for (int64_t l = 0; l < state_layers(); ++l) {
+    const LayerW& L = w.layer(l);
     DevLayer d;
     d.freq = upload(layer_rope(c, l).freq, "rope freq");
     d.hc_attn = dev_.take(L.hc_attn, M, width);
@@ -254,7 +258,7 @@ CudaBackend::CudaBackend(const ModelWeights& w, const CudaOptions& o) : w_(w), c
       break;
     }
   }
-  if (experts_.size() != static_cast<size_t>(c.n_layers)) experts_.clear();
+  if (experts_.size() != static_cast<size_t>(state_layers())) experts_.clear();
 
   // Workspace for chunk_ tokens. Indexer scores: one row per query over every entry the
   // context can hold (CSA).
@@ -298,6 +302,13 @@ CudaBackend::CudaBackend(const ModelWeights& w, const CudaOptions& o) : w_(w), c
   ws_.sy = floats(StepGraphs::kMaxRows * k * D);
   stage_ = gpu::PinnedBuffer(static_cast<size_t>(2 * C) * sizeof(int32_t));
   ws_.logits = floats(C * c.vocab);
+  if (w.mtp) {
+    ws_.hid = floats(C * hc * D);
+    hid_stage_ = gpu::PinnedBuffer(static_cast<size_t>(C * hc * D) * sizeof(float));
+    std::vector<int32_t> bcast(static_cast<size_t>(C * hc));
+    for (size_t r = 0; r < bcast.size(); ++r) bcast[r] = static_cast<int32_t>(r / static_cast<size_t>(hc));
+    ws_.bcast = gpu::to_device(bcast);
+  }
   gpu::synchronize();
 }
 
@@ -342,41 +353,100 @@ DeviceBuffer& CudaBackend::slot(Tmp which, size_t n) {
   return *b;
 }
 
-SequenceState CudaBackend::new_sequence() const {
+std::unique_ptr<CudaSequence> CudaBackend::allocate_sequence() const {
   const ModelConfig& c = c_;
+  // Nothing may be enqueued on stream_ into a capture a failed step left open (begin() drops it
+  // too; CUDA refuses allocation during a global-mode capture).
+  gpu::abort_capture(stream_);
   auto seq = std::make_unique<CudaSequence>();
   seq->owner = this;
   seq->serial = g_next_serial++;
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const LayerW& L = w_.layers[l];
+  for (int64_t l = 0; l < state_layers(); ++l) {
+    const LayerW& L = w_.layer(l);
     const LayerKind kind = L.kind();
     DevLayerState s;
-    s.ring = bytes(c.window * static_cast<int64_t>(kvb_));
-    s.ring.fill_zero();
+    s.ring = bytes((c.window + kRewind) * static_cast<int64_t>(kvb_));
     if (kind != LayerKind::Window) {
-      const int64_t cap = context_ / L.ratio, rows = gpu::compressor_ring_rows(L.ratio);
+      const int64_t cap = context_ / L.ratio, rows = gpu::compressor_ring_rows(L.ratio) + kRewind;
       const int64_t width = L.attn.comp->coff * L.attn.comp->out_dim;
       s.entries = bytes(cap * static_cast<int64_t>(kvb_));
       s.comp_a = floats(rows * width);
       s.comp_s = floats(rows * width);
-      s.entries.fill_zero();
-      s.comp_a.fill_zero();
-      s.comp_s.fill_zero();
       if (kind == LayerKind::CSA) {
         const CompressorW& ic = L.attn.indexer->comp;
         s.index_keys = bytes(cap * static_cast<int64_t>(ikb_));
         s.index_comp_a = floats(rows * ic.coff * ic.out_dim);
         s.index_comp_s = floats(rows * ic.coff * ic.out_dim);
-        s.index_keys.fill_zero();
-        s.index_comp_a.fill_zero();
-        s.index_comp_s.fill_zero();
       }
     }
     seq->layers.push_back(std::move(s));
   }
+  return seq;
+}
+
+// Zero-filled, so that fresh states compare equal (only written slots are ever read).
+SequenceState CudaBackend::new_sequence() const {
+  std::unique_ptr<CudaSequence> seq = allocate_sequence();
+  for (DevLayerState& s : seq->layers)
+    for (DeviceBuffer* b : {&s.ring, &s.entries, &s.index_keys, &s.comp_a, &s.comp_s, &s.index_comp_a, &s.index_comp_s})
+      if (!b->empty()) b->fill_zero();
   SequenceState st;
   st.device = std::move(seq);
   return st;
+}
+
+// Device-to-device copies of every cache (the CPU shares its entry pages copy-on-write; here the
+// entries are copied, only the blocks that have closed: st.pos / ratio of them, mtp_pos / ratio
+// in the MTP block's layer). The copy gets a new serial number, so no step graph of the source
+// (which holds the source's buffer addresses) is ever replayed for it.
+SequenceState CudaBackend::fork(const SequenceState& st) const {
+  const CudaSequence& src = sequence(st);
+  std::unique_ptr<CudaSequence> seq = allocate_sequence();
+  DSV4_CHECK(seq->layers.size() == src.layers.size());
+  auto copy = [&](DeviceBuffer& dst, const DeviceBuffer& from, size_t n) {
+    DSV4_CHECK(dst.bytes() == from.bytes() && n <= from.bytes());
+    if (n) gpu::copy_async(dst.get(), from.get(), n, stream_);
+  };
+  for (size_t l = 0; l < src.layers.size(); ++l) {
+    const DevLayerState& a = src.layers[l];
+    DevLayerState& b = seq->layers[l];
+    const LayerW& L = w_.layer(static_cast<int64_t>(l));
+    copy(b.ring, a.ring, a.ring.bytes());
+    if (L.kind() == LayerKind::Window) continue;
+    const int64_t pos = static_cast<int64_t>(l) < c_.n_layers ? st.pos : st.mtp_pos;
+    const size_t closed = static_cast<size_t>(std::min(pos / L.ratio, context_ / L.ratio));
+    copy(b.entries, a.entries, closed * kvb_);
+    copy(b.comp_a, a.comp_a, a.comp_a.bytes());
+    copy(b.comp_s, a.comp_s, a.comp_s.bytes());
+    if (L.kind() != LayerKind::CSA) continue;
+    copy(b.index_keys, a.index_keys, closed * ikb_);
+    copy(b.index_comp_a, a.index_comp_a, a.index_comp_a.bytes());
+    copy(b.index_comp_s, a.index_comp_s, a.index_comp_s.bytes());
+  }
+  wait();  // the copies are done before either sequence changes
+  SequenceState out;
+  out.pos = st.pos;
+  out.mtp_pos = st.mtp_pos;
+  out.device = std::move(seq);
+  return out;
+}
+
+// truncate_host_state's semantics (kv/state.cpp) with nothing to do on the device, so no copy to
+// the host and back: entries are addressed by block index and every kernel derives from the
+// positions which entries are visible (those of blocks closing at or after `pos` become invisible
+// and are rewritten when their block closes again); the window ring (window + kRewind slots) and
+// the compressor rings (kRewind rows of slack) still hold every row a position from `pos` on reads,
+// the rows of the dropped positions being overwritten before anything reads them. Only the
+// position goes back. The sequence keeps its serial: its step graphs stay valid, since a graph
+// reads the positions (uploaded every step) and the same buffers.
+void CudaBackend::truncate(SequenceState& st, int64_t pos, Stack stack) const {
+  const CudaSequence& seq = sequence(st);
+  const bool mtp = stack == Stack::Mtp;
+  DSV4_CHECK(!mtp || static_cast<int64_t>(seq.layers.size()) > c_.n_layers);
+  int64_t& cur = mtp ? st.mtp_pos : st.pos;
+  DSV4_CHECK_MSG(pos >= 0 && pos <= cur && cur - pos <= kRewind,
+                 "truncate from " + std::to_string(cur) + " to " + std::to_string(pos));
+  cur = pos;
 }
 
 CudaSequence& CudaBackend::sequence(SequenceState& st) const {
@@ -385,17 +455,30 @@ CudaSequence& CudaBackend::sequence(SequenceState& st) const {
   return *seq;
 }
 
-// Uploads the step's token ids and positions (outside any graph: they change every step), then
-// picks the mode: a decode step of a batch seen before replays its graph, a new one is captured.
+const CudaSequence& CudaBackend::sequence(const SequenceState& st) const {
+  const auto* seq = dynamic_cast<const CudaSequence*>(st.device.get());
+  if (!seq || seq->owner != this) throw Error("sequence state does not belong to this model's cuda backend");
+  return *seq;
+}
+
+// Uploads the step's token ids and positions (MTP: and the main model's final states), outside
+// any graph: they change every step. Then picks the mode: a decode step of a batch seen before
+// replays its graph, a new one is captured.
 Backend::Step CudaBackend::begin(const StepPlan& plan) {
-  if (plan.stack != Stack::Main) throw Error("cuda backend: the MTP block is not supported yet", ErrorKind::Unsupported);
+  const bool mtp = plan.stack == Stack::Mtp;
+  if (mtp && !w_.mtp) throw Error("cuda backend: this model has no MTP block");
+  DSV4_CHECK(!mtp || plan.hidden);
   if (mode_ == StepGraphs::Mode::Capture) gpu::abort_capture(stream_);  // the last step threw mid-capture
   mode_ = StepGraphs::Mode::Eager;
   ops_ = 0;
   const int64_t T = plan.T();
   DSV4_CHECK(T <= chunk_);  // max_rows()
   bool decode = use_graphs_ && T <= StepGraphs::kMaxRows;
-  std::vector<uint64_t> key = {static_cast<uint64_t>(plan.tail)};  // a logits step and an ids step differ
+  // Steps that call other ops differ: a logits step and an ids step, a main step and an MTP step
+  // (other layers), a step that reads the final states and one that does not (the graph ends at
+  // read_hidden, and the head runs eagerly after it: an MTP draft step vs a catch-up step).
+  std::vector<uint64_t> key = {static_cast<uint64_t>(plan.tail), static_cast<uint64_t>(plan.stack),
+                               static_cast<uint64_t>(plan.reads_hidden)};
   for (const StepSeq& q : plan.seqs) {
     const CudaSequence& seq = sequence(*q.st);
     if (q.p0 + q.n > context_)
@@ -412,6 +495,11 @@ Backend::Step CudaBackend::begin(const StepPlan& plan) {
   }
   gpu::copy_async(ws_.tokens.get(), h, static_cast<size_t>(T) * sizeof(int32_t), stream_);
   gpu::copy_async(ws_.pos.get(), h + chunk_, static_cast<size_t>(T) * sizeof(int32_t), stream_);
+  if (mtp) {
+    const size_t n = static_cast<size_t>(T * c_.hc * c_.dim);
+    std::copy(plan.hidden, plan.hidden + n, hid_stage_.as<float>());
+    gpu::copy_async(ws_.hid.get(), hid_stage_.as<float>(), n * sizeof(float), stream_);
+  }
   if (decode) {
     if (graphs_.find(key)) {
       mode_ = StepGraphs::Mode::Replay;
@@ -429,8 +517,31 @@ Backend::Step CudaBackend::begin(const StepPlan& plan) {
   s.post = ws_.post.as<float>();
   s.comb = ws_.comb.as<float>();
   s.f = ws_.f.as<float>();
-  if (!replaying()) gpu::embed(dev_.weight(w_.embed).view(), ws_.tokens.as<int32_t>(), T, c_.hc, s.X, stream_);
+  if (replaying()) return s;
+  if (mtp) {
+    mtp_input(s);
+  } else {
+    gpu::embed(dev_.weight(w_.embed).view(), ws_.tokens.as<int32_t>(), T, c_.hc, s.X, stream_);
+  }
   return s;
+}
+
+// The CPU backend's begin() for Stack::Mtp: X[t, i] = e_proj . RMSNorm(embed[u_t], enorm) +
+// h_proj . RMSNorm(h_{t,i}, hnorm), the first term the same for every copy i. Computed as
+// hp + ep (float addition commutes: the same bits as the CPU's ep + hp).
+void CudaBackend::mtp_input(Step& s) {
+  const MtpW& m = *w_.mtp;
+  const int64_t T = s.T, D = c_.dim, hc = c_.hc;
+  float* e = s.x;                  // [T, D], free until the first hc_pre
+  float* ep = s.f;                 // [T, D], free until the first sublayer writes it
+  float* h = ws_.hid.as<float>();  // [T * hc, D]: the uploaded final states, then ep per copy
+  gpu::embed(dev_.weight(w_.embed).view(), ws_.tokens.as<int32_t>(), T, 1, e, stream_);
+  gpu::rmsnorm(e, D, dev_.data(m.enorm), T, D, c_.eps, e, D, stream_);
+  gpu::qmatmul(dev_.weight(m.e_proj), e, T, ep, stream_);
+  gpu::rmsnorm(h, D, dev_.data(m.hnorm), T * hc, D, c_.eps, h, D, stream_);
+  gpu::qmatmul(dev_.weight(m.h_proj), h, T * hc, s.X, stream_);
+  gpu::gather_rows(ep, D, ws_.bcast.as<int32_t>(), T * hc, D, h, D, stream_);
+  gpu::add(s.X, h, s.X, T * hc * D, stream_);
 }
 
 void CudaBackend::flush() {
@@ -484,7 +595,7 @@ void CudaBackend::vec_ops(Step& s, const VecOps& v) {
 // the closing blocks and writes their entries in place.
 void CudaBackend::compress(Step&, const CompressFeed& f) {
   if (replaying()) return;
-  const LayerW& L = w_.layers[f.layer];
+  const LayerW& L = w_.layer(f.layer);
   const StepSeq& q = *f.seq;
   DevLayerState& S = sequence(*q.st).layers[f.layer];
   const bool index = f.which == Comp::Index;
@@ -507,6 +618,7 @@ void CudaBackend::compress(Step&, const CompressFeed& f) {
   k.entries = (index ? S.index_keys : S.entries).as<uint8_t>();
   k.entry_stride = static_cast<int64_t>(index ? ikb_ : kvb_);
   k.capacity = context_ / L.ratio;
+  k.ring_rows = gpu::compressor_ring_rows(L.ratio) + kRewind;
   k.freq = layers_[f.layer].freq.as<float>();
   gpu::compress(k, stream_);
 }
@@ -517,7 +629,7 @@ void CudaBackend::index_topk(Step&, const IndexTopk& k) {
   const ModelConfig& c = c_;
   const StepSeq& q = *k.seq;
   DevLayerState& S = sequence(*q.st).layers[k.layer];
-  const int64_t HI = c.index_heads, dI = c.index_dim, ratio = w_.layers[k.layer].ratio, K = c.index_topk;
+  const int64_t HI = c.index_heads, dI = c.index_dim, ratio = w_.layer(k.layer).ratio, K = c.index_topk;
   // Every entry the context can hold: the kernels derive each query's visible count from its
   // position (device), so the launch does not depend on the step (a graph replays it).
   const int64_t cap = context_ / ratio;
@@ -533,7 +645,7 @@ void CudaBackend::index_topk(Step&, const IndexTopk& k) {
 void CudaBackend::attend(Step&, const Attend& at) {
   if (replaying()) return;
   const ModelConfig& c = c_;
-  const LayerW& L = w_.layers[at.layer];
+  const LayerW& L = w_.layer(at.layer);
   const StepSeq& q = *at.seq;
   DevLayerState& S = sequence(*q.st).layers[at.layer];
   const int64_t T = q.n, H = c.n_heads, d = c.head_dim, W = c.window, r = c.rope_dim, ratio = L.ratio;
@@ -553,6 +665,7 @@ void CudaBackend::attend(Step&, const Attend& at) {
   a.chunk_kv = ws_.chunk_kv.as<uint8_t>();
   a.ring = S.ring.as<uint8_t>();
   a.window = W;
+  a.ring_slots = W + kRewind;
   a.ratio = ratio;
   a.entries = L.kind() != LayerKind::Window ? S.entries.as<uint8_t>() : nullptr;
   if (at.sel) {  // a query that sees no entry has sel_n 0
@@ -565,8 +678,8 @@ void CudaBackend::attend(Step&, const Attend& at) {
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   a.out = at.out + q.t0 * H * d;
   gpu::sparse_attention(a, stream_);
-  // The window ring keeps the last W positions for later chunks.
-  gpu::kv_encode_ring(kv, T, d, d, r, pos, W, S.ring.as<uint8_t>(), static_cast<int64_t>(kvb_), stream_);
+  // The window ring keeps the last W + kRewind positions for later chunks.
+  gpu::kv_encode_ring(kv, T, d, d, r, pos, W + kRewind, S.ring.as<uint8_t>(), static_cast<int64_t>(kvb_), stream_);
 }
 
 // Routing on the device; the expert ids and weights come to the host (one synchronisation per
@@ -630,13 +743,13 @@ void CudaBackend::read_hidden(Step& s, const std::vector<int64_t>& rows, float* 
 
 // x[i] = hc_head(X[rows[i]]): one launch per run of consecutive rows (a decode batch is one run).
 void CudaBackend::hc_head(Stack stack, Step& s, const std::vector<int64_t>& rows) {
-  DSV4_CHECK(stack == Stack::Main);  // begin() refuses MTP steps
   if (replaying()) return;
+  const gpu::DeviceHcMix& mix = stack == Stack::Main ? head_mix_ : mtp_head_mix_;
   const int64_t HD = c_.hc * c_.dim;
   for (size_t i = 0; i < rows.size();) {
     size_t j = i + 1;
     while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
-    gpu::hc_head(head_mix_, s.X + rows[i] * HD, static_cast<int64_t>(j - i), c_.hc, c_.dim, c_.eps, c_.hc_eps,
+    gpu::hc_head(mix, s.X + rows[i] * HD, static_cast<int64_t>(j - i), c_.hc, c_.dim, c_.eps, c_.hc_eps,
                  ws_.mixes.as<float>(), s.x + static_cast<int64_t>(i) * c_.dim, stream_);
     i = j;
   }

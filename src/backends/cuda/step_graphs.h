@@ -10,8 +10,13 @@
 // eager step would.
 //
 // A graph holds the device addresses of its sequences' caches, so it is keyed by the batch's
-// sequences (their serial numbers, never reused) as well as by T and the step's tail (logits or
-// greedy ids or none, StepPlan::tail); a batch that changes is captured again. At most kMaxGraphs are kept (least recently used dropped).
+// sequences (their serial numbers, never reused) as well as by T, the stack (main layers or the
+// MTP block: other ops), whether the step reads its final states (StepPlan::reads_hidden: the
+// graph ends there) and the step's tail (logits or greedy ids or none, StepPlan::tail); a
+// batch that changes is captured again. A fork is a new sequence with its own serial (its own
+// caches), so it never replays its source's graphs; a truncate keeps the sequence and its buffers
+// and only moves its positions back, which a replay reads from the per-step upload, so its graphs
+// stay valid. At most kMaxGraphs are kept (least recently used dropped).
 #include <algorithm>
 #include <cstdint>
 #include <list>

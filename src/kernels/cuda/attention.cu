@@ -16,7 +16,8 @@ __device__ __forceinline__ const uint8_t* attn_key(const SparseAttention& a, int
                                                    int64_t first, int64_t nwin, int64_t j) {
   if (j < nwin) {
     const int64_t q = first + j;
-    return q >= p0 ? a.chunk_kv + (q - p0) * a.kv_stride : a.ring + (q % a.window) * a.kv_stride;
+    const int64_t slots = a.ring_slots > 0 ? a.ring_slots : a.window;
+    return q >= p0 ? a.chunk_kv + (q - p0) * a.kv_stride : a.ring + (q % slots) * a.kv_stride;
   }
   const int64_t e = a.sel ? a.sel[t * a.ld_sel + (j - nwin)] : j - nwin;
   return a.entries + e * a.kv_stride;
@@ -258,6 +259,7 @@ void sparse_attention(const SparseAttention& a, Stream stream) {
   if (a.d <= 0 || a.d % 32 != 0 || a.d > 32 * kAttnMaxPL) bad_arg(op, "d must be a multiple of 32, at most 512");
   if (a.rope < 0 || (a.d - a.rope) % 64 != 0) bad_arg(op, "d - rope must be a multiple of 64");
   if (a.window <= 0) bad_arg(op, "window must be positive");
+  if (a.ring_slots != 0 && a.ring_slots < a.window) bad_arg(op, "ring_slots must be 0 or at least the window");
   if (a.kv_stride < static_cast<int64_t>(kv_codec_bytes(a.d, a.rope))) bad_arg(op, "kv_stride too small");
   if (a.ratio < 0) bad_arg(op, "negative ratio");
   if (a.sel && (!a.sel_n || a.ld_sel <= 0)) bad_arg(op, "sel needs sel_n and ld_sel");

@@ -1,9 +1,10 @@
 // KV compressor (model/compressor.cpp) for the main entries and the indexer keys.
 //
-// The CPU keeps the rows of the block being filled (and, for ratio 4, the previous block) in
-// CompressorState. Here those rows live in a ring indexed by position (slot q % ring_rows with
-// ring_rows = ratio, or 2 * ratio for the overlapping ratio 4), so no buffer is ever swapped or
-// counted on the host: every decision follows from the positions in device memory.
+// The rows a block's pooling reads (the block being filled and, for ratio 4, the previous block)
+// live in a ring indexed by position (slot q % ring_rows, ring_rows at least ratio, or 2 * ratio
+// for the overlapping ratio 4; the backend adds kRewind rows for rewinds, as kv/state.h's
+// CompressorState), so no buffer is ever swapped or counted on the host: every decision follows
+// from the positions in device memory.
 #include "kernels/cuda/common.cuh"
 
 namespace dsv4::gpu {
@@ -18,7 +19,7 @@ __global__ void compress_pool_kernel(Compressor c) {
   if (p % ratio != ratio - 1) return;  // uniform over the block
   const int64_t b = p / ratio;
   const bool overlap = ratio == 4;
-  const int64_t width = overlap ? 2 * dout : dout, ring_rows = overlap ? 2 * ratio : ratio;
+  const int64_t width = overlap ? 2 * dout : dout, ring_rows = c.ring_rows;
   const int64_t off = overlap ? dout : 0;
 
   // Row q's (value, score) at column col: this chunk's projections (+ ape on the score) or the
@@ -98,7 +99,7 @@ __global__ void compress_pool_kernel(Compressor c) {
 __global__ void compress_ring_kernel(Compressor c) {
   const int64_t ratio = c.ratio, dout = c.dout;
   const bool overlap = ratio == 4;
-  const int64_t width = overlap ? 2 * dout : dout, ring_rows = overlap ? 2 * ratio : ratio;
+  const int64_t width = overlap ? 2 * dout : dout, ring_rows = c.ring_rows;
   const int64_t t0 = c.T > ring_rows ? c.T - ring_rows : 0;
   const int64_t total = (c.T - t0) * width;
   const int64_t p0 = c.pos[0];
@@ -115,8 +116,11 @@ __global__ void compress_ring_kernel(Compressor c) {
 
 int64_t compressor_ring_rows(int64_t ratio) { return ratio == 4 ? 2 * ratio : ratio; }
 
-void compress(const Compressor& c, Stream stream) {
+void compress(const Compressor& in, Stream stream) {
   const char* op = "compress";
+  Compressor c = in;
+  if (c.ring_rows == 0) c.ring_rows = compressor_ring_rows(c.ratio);
+  if (c.ratio > 0 && c.ring_rows < compressor_ring_rows(c.ratio)) bad_arg(op, "ring_rows smaller than the pooling needs");
   if (c.ratio <= 0 || c.dout <= 0) bad_arg(op, "ratio and dout must be positive");
   if (c.rope < 0 || c.rope % 2 != 0 || c.rope > c.dout) bad_arg(op, "bad rope dims");
   if (c.indexer) {
@@ -133,7 +137,7 @@ void compress(const Compressor& c, Stream stream) {
   DSV4_LAUNCH(static_cast<unsigned>(c.T), 256, static_cast<size_t>(c.dout) * sizeof(float), stream, compress_pool_kernel)(c);
   DSV4_CUDA_LAUNCHED("compress_pool_kernel");
   const int64_t width = (c.ratio == 4 ? 2 : 1) * c.dout;
-  DSV4_LAUNCH(grid_for(compressor_ring_rows(c.ratio) * width, 256), 256, 0, stream, compress_ring_kernel)(c);
+  DSV4_LAUNCH(grid_for((c.T < c.ring_rows ? c.T : c.ring_rows) * width, 256), 256, 0, stream, compress_ring_kernel)(c);
   DSV4_CUDA_LAUNCHED("compress_ring_kernel");
 }
 

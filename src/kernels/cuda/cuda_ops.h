@@ -326,16 +326,18 @@ void fp4_encode(const float* v, int64_t rows, int64_t ldv, int64_t dim, uint8_t*
 void fp4_decode(const uint8_t* in, int64_t rows, int64_t stride, int64_t dim, float* v, int64_t ldv,
                 Stream stream = nullptr);
 // The window ring update after a chunk's attention (Model::attention's last loop): rows t of
-// kv [T, ldv] with t >= T - window are KvCodec-encoded into ring slot pos[t] % window.
+// kv [T, ldv] with t >= T - slots are KvCodec-encoded into ring slot pos[t] % slots. slots: the
+// ring's length, the window or more (the CUDA backend keeps window + kRewind, so a rewind of up
+// to kRewind positions finds its window intact, as kv/state.h's ring).
 void kv_encode_ring(const float* kv, int64_t T, int64_t ldv, int64_t dim, int64_t rope, const int32_t* pos,
-                    int64_t window, uint8_t* ring, int64_t stride, Stream stream = nullptr);
+                    int64_t slots, uint8_t* ring, int64_t stride, Stream stream = nullptr);
 
 // ================================================================ sparse attention (model/attention.h)
 
 // One chunk of T queries at positions pos[t] = pos[0] + t (device). For the query at p = pos[t],
 // the visible keys are, in this order:
 //   window: positions max(0, p - window + 1) .. p; a position >= pos[0] is row (q - pos[0]) of
-//           chunk_kv (this chunk's keys), an earlier one is slot q % window of ring;
+//           chunk_kv (this chunk's keys), an earlier one is slot q % ring_slots of ring;
 //   compressed (ratio > 0): sel == null: entries 0 .. (p+1)/ratio - 1; else the sel_n[t] entry
 //           indices sel[t * ld_sel + i] (the indexer's top-k).
 // Every cached vector is KvCodec bytes (dim d, rope dims) `kv_stride` apart. Then, as
@@ -346,8 +348,9 @@ struct SparseAttention {
   int64_t T = 0, H = 0, d = 0, rope = 0;
   const int32_t* pos = nullptr;
   const uint8_t* chunk_kv = nullptr;  // [T] vectors
-  const uint8_t* ring = nullptr;      // [window] vectors
+  const uint8_t* ring = nullptr;      // [ring_slots] vectors
   int64_t window = 0;
+  int64_t ring_slots = 0;             // the ring's length (>= window); 0: window
   const uint8_t* entries = nullptr;   // compressed entries
   int64_t ratio = 0;
   const int32_t* sel = nullptr;       // [T, ld_sel] or null
@@ -383,8 +386,8 @@ void topk_rows(const float* v, int64_t rows, int64_t n, int64_t ld, const int32_
 // then fp8sim'd (main: the first dout - rope values, block 64) or Hadamard + fp4sim'd
 // (indexer), and written encoded at entries + b * entry_stride (KvCodec or Fp4Codec bytes;
 // skipped when b >= capacity). Rows of positions before the chunk come from the state ring
-// (ring_a, ring_s: [ring_rows, width], slot q % ring_rows, ring_rows = compressor_ring_rows(ratio),
-// s with ape added), which this call then updates. A new sequence starts at pos 0: the ring's
+// (ring_a, ring_s: [ring_rows, width], slot q % ring_rows, ring_rows = Compressor::ring_rows, at
+// least compressor_ring_rows(ratio); s with ape added), which this call then updates. A new sequence starts at pos 0: the ring's
 // contents are never read for positions < 0, so it needs no clearing.
 struct Compressor {
   const float* a = nullptr;
@@ -401,7 +404,11 @@ struct Compressor {
   float* ring_s = nullptr;
   uint8_t* entries = nullptr;
   int64_t entry_stride = 0, capacity = 0;
+  // The ring's length: 0 = compressor_ring_rows(ratio), the rows a block's pooling needs; the
+  // CUDA backend adds kRewind rows, so a rewind of up to kRewind positions can reopen a block.
+  int64_t ring_rows = 0;
 };
+// The rows the pooling needs: ratio, or 2 * ratio for the overlapping ratio 4.
 int64_t compressor_ring_rows(int64_t ratio);
 void compress(const Compressor& c, Stream stream = nullptr);
 

@@ -80,12 +80,12 @@ void kv_encode(const float* v, int64_t rows, int64_t ldv, int64_t dim, int64_t r
 }
 
 void kv_encode_ring(const float* kv, int64_t T, int64_t ldv, int64_t dim, int64_t rope, const int32_t* pos,
-                    int64_t window, uint8_t* ring, int64_t stride, Stream stream) {
+                    int64_t slots, uint8_t* ring, int64_t stride, Stream stream) {
   check_kv("kv_encode_ring", dim, rope, stride);
-  if (window <= 0) bad_arg("kv_encode_ring", "window must be positive");
+  if (slots <= 0) bad_arg("kv_encode_ring", "slots must be positive");
   if (T <= 0) return;
   DSV4_LAUNCH(static_cast<unsigned>(T), 128, 0, stream, kv_encode_kernel)(kv, T, ldv, static_cast<int>(dim - rope),
-                                                                 static_cast<int>(rope), ring, stride, pos, window);
+                                                                 static_cast<int>(rope), ring, stride, pos, slots);
   DSV4_CUDA_LAUNCHED("kv_encode_kernel(ring)");
 }
 
