@@ -449,16 +449,14 @@ void CudaBackend::truncate(SequenceState& st, int64_t pos, Stack stack) const {
   cur = pos;
 }
 
-CudaSequence& CudaBackend::sequence(SequenceState& st) const {
-  auto* seq = dynamic_cast<CudaSequence*>(st.device.get());
-  if (!seq || seq->owner != this) throw Error("sequence state does not belong to this model's cuda backend");
-  return *seq;
-}
-
 const CudaSequence& CudaBackend::sequence(const SequenceState& st) const {
   const auto* seq = dynamic_cast<const CudaSequence*>(st.device.get());
   if (!seq || seq->owner != this) throw Error("sequence state does not belong to this model's cuda backend");
   return *seq;
+}
+
+CudaSequence& CudaBackend::sequence(SequenceState& st) const {
+  return const_cast<CudaSequence&>(sequence(static_cast<const SequenceState&>(st)));
 }
 
 // Uploads the step's token ids and positions (MTP: and the main model's final states), outside
