@@ -5,9 +5,12 @@
 //
 // Usage: qmatmul_bench [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N]
 //                      [--only bw|gemv|sweep|gemm] [--shape ROWSxCOLS] [--format F[,F...]] [--no-probe]
+//                      [--tokens T]
 // --only bw measures the streaming read bandwidth on all threads and stops; --format limits the
 // GEMV and GEMM tables to the named formats (F32, BF16, F16, FP8Block, MXFP4, NVFP4; any case);
 // --no-probe skips the machine probes (the GEMV's "of bw" column then shows "-").
+// --tokens T runs the GEMV table with T tokens per call (a batched decode step's matmuls: each
+// weight byte still read once per call from beyond the LLC) and adds its GFLOP/s.
 // scripts/ggml-compare.sh runs it as `--only gemv --shape RxC --format F --no-probe` and `--only bw`.
 // GCC 12's intrinsic headers build _mm*_undefined_*() from self-initialised locals, which
 // trips -Wuninitialized once inlined (GCC PR 105593); silence it for the header only.
@@ -172,6 +175,7 @@ constexpr WFormat kFormats[] = {WFormat::F32, WFormat::BF16, WFormat::F16, WForm
 int main(int argc, char** argv) {
   bool quick = false;
   int reps = 5, threads = 0;
+  int64_t gemv_tokens = 1;
   double gib = 1.0;
   std::string isa_arg, only, formats_arg;
   bool probe = true;
@@ -192,6 +196,12 @@ int main(int argc, char** argv) {
       only = argv[++i];
     } else if (a == "--format" && i + 1 < argc) {
       formats_arg = argv[++i];
+    } else if (a == "--tokens" && i + 1 < argc) {
+      gemv_tokens = std::atoll(argv[++i]);
+      if (gemv_tokens < 1 || gemv_tokens > 512) {
+        std::fprintf(stderr, "--tokens wants 1..512\n");
+        return 2;
+      }
     } else if (a == "--no-probe") {
       probe = false;
     } else if (a == "--shape" && i + 1 < argc) {
@@ -201,7 +211,7 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N] "
-                   "[--only bw|gemv|sweep|gemm] [--shape ROWSxCOLS] [--format F[,F...]] [--no-probe]\n",
+                   "[--only bw|gemv|sweep|gemm] [--shape ROWSxCOLS] [--format F[,F...]] [--no-probe] [--tokens T]\n",
                    argv[0]);
       return 2;
     }
@@ -276,23 +286,26 @@ int main(int argc, char** argv) {
   }
   std::vector<float> y(static_cast<size_t>(512 * rows));
   if (run_section("gemv")) {
-  std::printf("\nGEMV T=1, %lld x %lld matrices, each read once per pass\n", static_cast<long long>(rows),
-              static_cast<long long>(cols));
-  std::printf("%-9s %5s %9s %9s %9s %7s %9s\n", "format", "mats", "MiB", "best GB/s", "worst", "of bw", "ms/mat");
+  const int64_t T1 = gemv_tokens;
+  std::printf("\nGEMV T=%lld, %lld x %lld matrices, each read once per pass\n", static_cast<long long>(T1),
+              static_cast<long long>(rows), static_cast<long long>(cols));
+  std::printf("%-9s %5s %9s %9s %9s %9s %7s %9s %8s\n", "format", "mats", "MiB", "best GB/s", "median", "worst",
+              "of bw", "ms/mat", "GFLOP/s");
   for (WFormat f : formats) {
     const size_t per = WeightSet::payload(f, rows, cols);
     const int count = std::max(1, static_cast<int>(gib * (1u << 30) / static_cast<double>(per)));
     WeightSet set(f, rows, cols, count);
     auto pass = [&] {
-      for (const QWeight& w : set.ws) qmatmul(w, 0, rows, x.data(), cols, 1, y.data(), rows);
+      for (const QWeight& w : set.ws) qmatmul(w, 0, rows, x.data(), cols, T1, y.data(), rows);
     };
     pass();
     const Stats s = rate(reps, static_cast<double>(set.bytes) / 1e9, pass);
     char of_bw[16] = "      -";
     if (bw > 0) std::snprintf(of_bw, sizeof of_bw, "%6.0f%%", 100.0 * s.best / bw);
-    std::printf("%-9s %5d %9.0f %9.2f %9.2f %s %9.3f\n", wformat_name(f), count,
-                static_cast<double>(set.bytes) / (1 << 20), s.best, s.worst, of_bw,
-                1e3 * static_cast<double>(set.bytes) / 1e9 / s.best / count);
+    const double flop_per_byte = 2.0 * static_cast<double>(rows * cols * T1) * count / static_cast<double>(set.bytes);
+    std::printf("%-9s %5d %9.0f %9.2f %9.2f %9.2f %s %9.3f %8.1f\n", wformat_name(f), count,
+                static_cast<double>(set.bytes) / (1 << 20), s.best, s.median, s.worst, of_bw,
+                1e3 * static_cast<double>(set.bytes) / 1e9 / s.best / count, s.best * flop_per_byte);
   }
   }
 

@@ -334,8 +334,11 @@ struct DecNV : DecBase {
 };
 
 // Fused path shapes: rows R and token tile TTM for T = 1, 2, 3-4, more. T=1 takes 8 rows per tile
-// (8 weight streams in flight, each x load shared by 8 rows); larger T fewer rows, so that R*TTM
-// accumulators fit the 32 registers.
+// (8 weight streams in flight, each x load shared by 8 rows). From T = 3 on, 4 rows x 4 tokens
+// (16 accumulators): each x load feeds 4 FMAs and each decoded weight vector 4, where 2 rows x 8
+// tokens fed an x load only 2 (AMD EPYC Zen 4, `qmatmul_bench --only gemv --tokens 4|8 --shape
+// 4096x4096`, alternating: T = 8 BF16 +12-17%, MXFP4 +11-14% (which ran 2 x 4 before), FP8
+// level; T = 4 BF16 +20-30%, MXFP4 +11%; 3 x 8 and 6 x 4 were no better, 8 x 2 at T = 2 level).
 template <int R_, int TTM_>
 struct Shape {
   static constexpr int R = R_, TTM = TTM_;
@@ -344,8 +347,8 @@ template <class D>
 struct FusedShapes {
   using S1 = Shape<8, 1>;
   using S2 = Shape<4, 2>;
-  using S4 = Shape<2, 4>;
-  using SN = Shape<2, D::kRowScales ? 4 : 8>;  // FP4: per-row scale vectors as well
+  using S4 = Shape<4, 4>;
+  using SN = Shape<4, 4>;
 };
 
 // GEMM path: register tile of 2 x 16 rows x 12 tokens (24 accumulators, 2 weight vectors and a
