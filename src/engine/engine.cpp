@@ -398,24 +398,31 @@ static std::unique_ptr<Sequence::Impl> copy_impl(const Engine* owner, const Mode
   return impl;
 }
 
-Sequence Engine::fork(const Sequence& src, int64_t max_positions) {
-  check_seq(src, "fork");
-  const int64_t maxp = max_positions ? max_positions : src.impl_->max_positions;
-  if (src.impl_->st.pos > maxp)
-    throw Error("fork: the sequence holds " + std::to_string(src.impl_->st.pos) + " positions, more than max_positions " +
-                std::to_string(maxp));
+// A new sequence continuing from a sequence or snapshot `f` (fork, restore): its cache reserved
+// first (nothing announced or copied when that is refused), then the followers told.
+template <class From>
+Sequence Engine::continue_from(const From& f, const char* what, const char* noun, int cmd, int64_t max_positions) {
+  const int64_t maxp = max_positions ? max_positions : f.max_positions;
+  if (f.st.pos > maxp)
+    throw Error(std::string(what) + ": the " + noun + " holds " + std::to_string(f.st.pos) +
+                " positions, more than max_positions " + std::to_string(maxp));
   auto probe = std::make_unique<Sequence::Impl>();
-  probe->mtp = src.impl_->mtp;
-  reserve(*probe, maxp, "fork");
-  const uint64_t id = announce(static_cast<int>(Cmd::Fork), src.impl_->id, max_positions);
+  probe->mtp = f.mtp;
+  reserve(*probe, maxp, what);
+  const uint64_t id = announce(cmd, f.id, max_positions);
   Sequence s;
-  s.impl_ = copy_impl(this, *model_, *src.impl_);
+  s.impl_ = copy_impl(this, *model_, f);
   s.impl_->id = id;
   s.impl_->lockstep = lockstep_;
   std::swap(s.impl_->budget, probe->budget);
   std::swap(s.impl_->reserved, probe->reserved);
   s.impl_->max_positions = probe->max_positions;
   return s;
+}
+
+Sequence Engine::fork(const Sequence& src, int64_t max_positions) {
+  check_seq(src, "fork");
+  return continue_from(*src.impl_, "fork", "sequence", static_cast<int>(Cmd::Fork), max_positions);
 }
 
 Snapshot Engine::snapshot(const Sequence& src) {
@@ -438,22 +445,7 @@ Snapshot Engine::snapshot(const Sequence& src) {
 Sequence Engine::restore(const Snapshot& snap, int64_t max_positions) {
   if (!snap.impl_) throw Error("restore: empty snapshot");
   if (snap.impl_->owner != this) throw Error("restore: the snapshot belongs to another engine");
-  const int64_t maxp = max_positions ? max_positions : snap.impl_->max_positions;
-  if (snap.impl_->st.pos > maxp)
-    throw Error("restore: the snapshot holds " + std::to_string(snap.impl_->st.pos) + " positions, more than max_positions " +
-                std::to_string(maxp));
-  auto probe = std::make_unique<Sequence::Impl>();
-  probe->mtp = snap.impl_->mtp;
-  reserve(*probe, maxp, "restore");
-  const uint64_t id = announce(static_cast<int>(Cmd::Restore), snap.impl_->id, max_positions);
-  Sequence s;
-  s.impl_ = copy_impl(this, *model_, *snap.impl_);
-  s.impl_->id = id;
-  s.impl_->lockstep = lockstep_;
-  std::swap(s.impl_->budget, probe->budget);
-  std::swap(s.impl_->reserved, probe->reserved);
-  s.impl_->max_positions = probe->max_positions;
-  return s;
+  return continue_from(*snap.impl_, "restore", "snapshot", static_cast<int>(Cmd::Restore), max_positions);
 }
 
 void Engine::truncate(Sequence& s, int64_t pos) {

@@ -223,6 +223,8 @@ class Engine {
   // followers to make the same); 0 alone.
   uint64_t announce(int cmd, uint64_t from, int64_t max_positions);
   void reserve(Sequence::Impl& q, int64_t max_positions, const char* what);
+  template <class From>
+  Sequence continue_from(const From& f, const char* what, const char* noun, int cmd, int64_t max_positions);
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
