@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/sampling.h"
 #include "core/weight.h"
 
 struct CUstream_st;      // cudaStream_t is CUstream_st*
@@ -261,6 +262,17 @@ void scale(float* x, int64_t n, float s, Stream stream = nullptr);
 // out[r] = index of the largest of x[r*ld .. r*ld + n) (the first one on ties, as the greedy
 // sampler's std::max_element). One block per row. NaNs are never chosen unless all are NaN.
 void argmax_rows(const float* x, int64_t rows, int64_t n, int64_t ld, int32_t* out, Stream stream = nullptr);
+
+// Sampling on the device: out[r] = sample_logits(x[r*ld .. r*ld + n), params[r]) (core/sampling.h)
+// for every row, the same double operations in the same order (on a GPU the device exp may
+// differ from the host's libm in the last bit: docs/cuda.md). params: device [rows]. Each row's
+// candidates (sample_candidates(params[r], n)) must be at most sample_max_candidates(n) — the
+// caller checks on the host (the parameters are host values before they are uploaded). Scratch:
+// idx [rows * sample_max_candidates(n)] int32, count [rows] int32, prob [rows *
+// sample_max_candidates(n)] double.
+int64_t sample_max_candidates(int64_t n);  // min(n, 4096): topk_rows' limit
+void sample_rows(const float* x, int64_t rows, int64_t n, int64_t ld, const SampleRow* params, int32_t* idx, int32_t* count,
+                 double* prob, int32_t* out, Stream stream = nullptr);
 
 // ================================================================ MoE on the device (moe.cu)
 // A decode step's routed experts with no host read of the routing: route() writes ids [T, k] and
