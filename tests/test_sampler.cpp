@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/sampling.h"
 #include "engine/sampler.h"
 
 using namespace dsv4;

@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/sampling.h"
+namespace dsv4 {
+struct SampleRow;  // core/sampling.h (not included: apps see this header)
+}
 
 namespace dsv4 {
 
