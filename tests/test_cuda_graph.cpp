@@ -141,6 +141,8 @@ class PlantingBackend final : public Backend {
   void truncate(SequenceState& st, int64_t pos, Stack stack) const override { in_->truncate(st, pos, stack); }
   int64_t max_rows() const override { return in_->max_rows(); }
   bool batched() const override { return in_->batched(); }
+  int64_t decode_bucket(int64_t n) const override { return in_->decode_bucket(n); }
+  SequenceState& padding_sequence() override { return in_->padding_sequence(); }
   Step begin(const StepPlan& plan) override {
     planted_ = false;
     return in_->begin(plan);

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/sampling.h"
 #include "engine/sampler.h"
 
 using namespace dsv4;
@@ -120,4 +121,25 @@ TEST(Sampler, RejectsBadParameters) {
   p = {};
   p.top_k = -2;
   EXPECT_THROW(Sampler{p}, Error);
+}
+
+// A device pick (core/sampling.h: the row's parameters with the uniform number drawn by row(),
+// then sample_logits where the logits are) gives the token sample() gives with the same seed, pick
+// after pick: the draws do not depend on the logits, so the two samplers stay in step.
+TEST(Sampler, RowThenSampleLogitsEqualsSample) {
+  const std::vector<SamplingParams> params = {
+      {}, {.temperature = 1.0f}, {.temperature = 0.7f, .top_p = 0.9f}, {.temperature = 1.2f, .top_k = 5, .min_p = 0.1f}};
+  for (const SamplingParams& base : params)
+    for (uint64_t seed = 1; seed <= 5; ++seed) {
+      SamplingParams p = base;
+      p.seed = seed;
+      Sampler a(p), b(p);
+      for (int i = 0; i < 40; ++i) {
+        std::vector<float> l(64);
+        for (int j = 0; j < 64; ++j) l[j] = std::sin(static_cast<float>(j * (i + 3) + static_cast<int>(seed)));
+        EXPECT_EQ(a.sample(l.data(), 64, {}), sample_logits(l.data(), 64, b.row())) << "seed " << seed << ", pick " << i;
+      }
+    }
+  EXPECT_FALSE(Sampler({}).penalised());
+  EXPECT_TRUE(Sampler({.frequency_penalty = 0.5f}).penalised());
 }

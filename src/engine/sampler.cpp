@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/sampling.h"
 
 namespace dsv4 {
 
@@ -48,7 +48,7 @@ double Sampler::uniform() {  // xoshiro256**
 
 int32_t Sampler::sample(const float* logits, int64_t V, const std::vector<int32_t>& history) {
   std::vector<float> l(logits, logits + V);
-  if (p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) {
+  if (penalised()) {
     std::unordered_map<int32_t, int64_t> seen;
     for (int32_t id : history) ++seen[id];
     for (auto [id, count] : seen) {
@@ -59,42 +59,21 @@ int32_t Sampler::sample(const float* logits, int64_t V, const std::vector<int32_
       v -= p_.frequency_penalty * static_cast<float>(count);
     }
   }
-  if (p_.temperature == 0.0f) return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  return sample_logits(l.data(), V, row());
+}
 
-  // Candidates sorted by logit (ties to the lower id), cut by top-k.
-  std::vector<int32_t> idx(static_cast<size_t>(V));
-  std::iota(idx.begin(), idx.end(), 0);
-  auto by_logit = [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
-  int64_t k = p_.top_k > 0 ? std::min(p_.top_k, V) : V;
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
-  idx.resize(static_cast<size_t>(k));
+SampleRow Sampler::row() {
+  SampleRow r;
+  r.top_k = p_.top_k;
+  r.temperature = p_.temperature;
+  r.top_p = p_.top_p;
+  r.min_p = p_.min_p;
+  if (p_.temperature != 0.0f) r.u = uniform();  // one draw per non-greedy pick, whatever the logits
+  return r;
+}
 
-  std::vector<double> prob(idx.size());
-  const double mx = l[idx[0]];
-  double sum = 0;
-  for (size_t i = 0; i < idx.size(); ++i) sum += (prob[i] = std::exp((l[idx[i]] - mx) / p_.temperature));
-  for (double& p : prob) p /= sum;
-  // top-p: the smallest prefix whose mass reaches top_p; min-p: relative to the best token.
-  size_t keep = prob.size();
-  if (p_.top_p < 1.0f) {
-    double acc = 0;
-    for (size_t i = 0; i < prob.size(); ++i) {
-      acc += prob[i];
-      if (acc >= p_.top_p) {
-        keep = i + 1;
-        break;
-      }
-    }
-  }
-  if (p_.min_p > 0.0f)
-    while (keep > 1 && prob[keep - 1] < p_.min_p * prob[0]) --keep;
-  double mass = std::accumulate(prob.begin(), prob.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
-  double u = uniform() * mass;
-  for (size_t i = 0; i < keep; ++i) {
-    if (u < prob[i]) return idx[i];
-    u -= prob[i];
-  }
-  return idx[keep - 1];
+bool Sampler::penalised() const {
+  return p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
 }
 
 }  // namespace dsv4

@@ -5,6 +5,10 @@
 #include <vector>
 
 namespace dsv4 {
+struct SampleRow;  // core/sampling.h (not included: apps see this header)
+}
+
+namespace dsv4 {
 
 struct SamplingParams {
   float temperature = 0.0f;         // 0 = greedy (argmax)
@@ -26,6 +30,12 @@ class Sampler {
   // Picks the next token from logits[0..V); `history` (prompt + generated) feeds the penalties.
   int32_t sample(const float* logits, int64_t V, const std::vector<int32_t>& history);
   const SamplingParams& params() const { return p_; }
+  // What sample() would use for its next pick, its uniform number drawn now (the draw does not
+  // depend on the logits): for a device that picks the token itself (core/sampling.h). The next
+  // pick must then be that device's: the RNG has moved on.
+  SampleRow row();
+  // Whether the penalties change the logits (then the pick needs the history).
+  bool penalised() const;
 
  private:
   double uniform();  // [0, 1)

@@ -198,6 +198,16 @@ class Backend {
   virtual int64_t max_rows() const { return 0; }
   // Whether one step may hold several sequences; if not, the caller runs them one by one.
   virtual bool batched() const { return true; }
+  // Batch buckets. A backend that records a decode step once per batch size and replays it for
+  // any sequences (the CUDA graphs) returns the rows a decode step of n sequences (one row each)
+  // should have, at least n; Model pads the step with rows of padding_sequence(), whose outputs
+  // it discards. 0 (the default): no buckets, the step has n rows.
+  virtual int64_t decode_bucket(int64_t n) const { return 0; }
+  // The scratch sequence padding rows run on: every padding row feeds it one token at position 0
+  // (Model never advances it), and nothing of it is ever read back.
+  virtual SequenceState& padding_sequence() {
+    throw Error(std::string(name()) + " backend: no padding sequence (decode_bucket() is 0)");
+  }
 
   // The activations of one step, in backend memory, valid until the step ends.
   struct Step {

@@ -34,11 +34,72 @@ void Model::step(Stack stack, const std::vector<SeqInput>& in) const {
   }
 }
 
-void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
+namespace {
+
+// A decode step padded to the backend's batch bucket (Backend::decode_bucket): the caller's
+// inputs, then padding rows on the backend's scratch sequence, and the host buffers that take
+// the outputs nobody asked for.
+struct Padded {
+  std::vector<SeqInput> inputs;
+  std::vector<float> logits, hidden_in;
+  std::vector<int32_t> ids;
+  int32_t token = 0;  // every padding row's token
+};
+
+// Pads `in` when it is a decode step (one row per sequence) and the backend buckets; returns
+// whether it did. A recorded step replays the same ops, so the step's shape must depend on the
+// bucket and its tail only: when any row wants the head, every row gets it (the rows that did
+// not ask, and the padding rows, into scratch buffers).
+bool pad_to_bucket(Backend& be, Stack stack, const std::vector<SeqInput>& in, int64_t V, int64_t Hs, Padded& p) {
+  const int64_t n = static_cast<int64_t>(in.size());
+  for (const SeqInput& si : in)
+    if (si.n != 1) return false;
+  const int64_t B = be.decode_bucket(n);
+  if (B <= 0) return false;
+  DSV4_CHECK(B >= n);
+  bool any_rows = false, ids_only = true;
+  for (const SeqInput& si : in) {
+    any_rows = any_rows || si.logits != Rows::None;
+    ids_only = ids_only && (si.logits == Rows::None || (!si.logits_out && si.argmax_out));
+  }
+  int64_t extra = B - n;
+  for (const SeqInput& si : in) extra += any_rows && si.logits == Rows::None;
+  p.ids.resize(static_cast<size_t>(extra));
+  if (any_rows && !ids_only) p.logits.resize(static_cast<size_t>(extra * V));
+  if (stack == Stack::Mtp) p.hidden_in.assign(static_cast<size_t>(Hs), 0.0f);
+  int64_t k = 0;
+  // Sends row `si`'s head output to scratch slot k.
+  auto to_scratch = [&](SeqInput& si) {
+    si.logits = Rows::Last;
+    si.logits_out = ids_only ? nullptr : p.logits.data() + k * V;
+    si.argmax_out = ids_only ? p.ids.data() + k : nullptr;
+    ++k;
+  };
+  p.inputs = in;
+  for (SeqInput& si : p.inputs)
+    if (any_rows && si.logits == Rows::None) to_scratch(si);
+  for (int64_t i = n; i < B; ++i) {
+    SeqInput si;
+    si.st = &be.padding_sequence();
+    si.tokens = &p.token;
+    si.n = 1;
+    si.logits = Rows::None;
+    si.hidden_in = stack == Stack::Mtp ? p.hidden_in.data() : nullptr;
+    if (any_rows) to_scratch(si);
+    p.inputs.push_back(si);
+  }
+  return true;
+}
+
+}  // namespace
+
+void Model::run(Stack stack, const std::vector<SeqInput>& given) const {
   Backend& be = *backend_;
   using Sub = Backend::Sub;
   const ModelConfig& c = w_->cfg;
   const int64_t Hs = hidden_size();
+  Padded padded;
+  const std::vector<SeqInput>& in = pad_to_bucket(be, stack, given, c.vocab, Hs, padded) ? padded.inputs : given;
 
   StepPlan plan;
   plan.stack = stack;
@@ -78,7 +139,8 @@ void Model::run(Stack stack, const std::vector<SeqInput>& in) const {
     moe_layer(be, c, L, s, shard());
     be.hc_post(s);
   }
-  for (const SeqInput& si : in) (stack == Stack::Main ? si.st->pos : si.st->mtp_pos) += si.n;
+  // The caller's sequences only: padding rows leave the padding sequence at position 0.
+  for (const SeqInput& si : given) (stack == Stack::Main ? si.st->pos : si.st->mtp_pos) += si.n;
 
   // The final hc state of the rows asked for, then hc_head -> final norm -> head, only for the
   // rows whose logits are wanted (the head is the largest single matrix).

@@ -59,7 +59,9 @@ TEST_F(EmuGraph, CaptureRecordsAndReplaysInOrder) {
   add.upload(&one, sizeof one);
 
   const uint64_t launches = emu::stats().launches, graphs = emu::stats().graph_launches;
+  const uint64_t captures = emu::stats().graph_captures, instantiations = emu::stats().graph_instantiations;
   ASSERT_EQ(cudaStreamBeginCapture(s_, cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_EQ(emu::stats().graph_captures, captures + 1);
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   ASSERT_EQ(cudaStreamIsCapturing(s_, &st), cudaSuccess);
   EXPECT_EQ(st, cudaStreamCaptureStatusActive);
@@ -90,6 +92,8 @@ TEST_F(EmuGraph, CaptureRecordsAndReplaysInOrder) {
   }
   EXPECT_EQ(emu::stats().launches, launches + 2);
   EXPECT_EQ(emu::stats().graph_launches, graphs + 2);
+  EXPECT_EQ(emu::stats().graph_captures, captures + 1);  // replays neither capture nor instantiate
+  EXPECT_EQ(emu::stats().graph_instantiations, instantiations + 1);
   EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
   EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
 }

@@ -4,7 +4,6 @@
 // both. Plain C++ (g++), linked into dsv4cuda.
 #include "backends/cuda/cuda_backend.h"
 
-#include <atomic>
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
@@ -29,6 +28,11 @@ using gpu::DeviceWeight;
 DeviceBuffer floats(int64_t n) { return DeviceBuffer(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float)); }
 DeviceBuffer ints(int64_t n) { return DeviceBuffer(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(int32_t)); }
 DeviceBuffer bytes(int64_t n) { return DeviceBuffer(static_cast<size_t>(std::max<int64_t>(n, 1))); }
+
+// A step's upload of T rows: token ids [T] and positions [T] (int32), then the sequence table
+// [T] (pointers, at 8 * T bytes: aligned).
+constexpr size_t table_offset(int64_t T) { return static_cast<size_t>(T) * 2 * sizeof(int32_t); }
+constexpr size_t step_in_bytes(int64_t T) { return table_offset(T) + static_cast<size_t>(T) * sizeof(void*); }
 
 template <class T>
 DeviceBuffer upload(const std::vector<T>& v, const char* what) {
@@ -106,10 +110,16 @@ struct DevLayerState {
   DeviceBuffer comp_a, comp_s, index_comp_a, index_comp_s;
 };
 
+// The buffers of a DevLayerState in a sequence's descriptor, kFields per layer (gpu::SeqRef).
+enum Field : int32_t { kRing, kEntries, kIndexKeys, kCompA, kCompS, kIndexCompA, kIndexCompS, kFields };
+
 struct CudaSequence final : BackendSequence {
   const void* owner = nullptr;
-  uint64_t serial = 0;  // never reused: a step graph is keyed by its sequences (step_graphs.h)
   std::vector<DevLayerState> layers;  // the main layers, then the MTP block's (when the model has one)
+  // Device [layers * kFields] addresses of the buffers above (null where a layer has none): what
+  // a step graph's kernels read through the step's sequence table, so one graph serves any
+  // sequences (step_graphs.h).
+  DeviceBuffer desc;
 };
 
 class CudaBackend final : public Backend {
@@ -122,6 +132,8 @@ class CudaBackend final : public Backend {
   SequenceState fork(const SequenceState& st) const override;
   void truncate(SequenceState& st, int64_t pos, Stack stack) const override;
   int64_t max_rows() const override { return chunk_; }
+  int64_t decode_bucket(int64_t n) const override;
+  SequenceState& padding_sequence() override;
   Step begin(const StepPlan& plan) override;
   void end(Step& s) override { flush(); }
   float* tmp(Step& s, Tmp which, int64_t n) override { return slot(which, n * sizeof(float)).as<float>(); }
@@ -164,9 +176,20 @@ class CudaBackend final : public Backend {
  private:
   CudaSequence& sequence(SequenceState& st) const;
   const CudaSequence& sequence(const SequenceState& st) const;
-  // A sequence's device buffers (contents undefined) under a fresh serial number.
+  // A sequence's device buffers (contents undefined) and its descriptor.
   std::unique_ptr<CudaSequence> allocate_sequence() const;
   int64_t state_layers() const { return c_.n_layers + (w_.mtp ? 1 : 0); }
+  // Where a per-sequence kernel finds buffer `f` of layer l of sequence q in a step graph (read
+  // from the step's sequence table at run time); unset in an eager step, which passes the buffer.
+  gpu::SeqRef ref(const Step& s, const StepSeq& q, int64_t l, Field f) const {
+    if (mode_ != StepGraphs::Mode::Capture) return {};
+    return {seqs_d_, static_cast<int32_t>(&q - s.plan->seqs.data()), static_cast<int32_t>(l * kFields + f)};
+  }
+  // The buffer itself in an eager step; null in a graph step (the kernel follows the SeqRef).
+  template <class T>
+  T* direct(const DeviceBuffer& b) const {
+    return mode_ == StepGraphs::Mode::Capture ? nullptr : b.as<T>();
+  }
   // The MTP block's input (MODEL.md "MTP block") into s.X: begin() of an MTP step.
   void mtp_input(Step& s);
   DeviceBuffer& slot(Tmp which, size_t bytes);
@@ -198,7 +221,9 @@ class CudaBackend final : public Backend {
   // The activation workspace for chunks of up to chunk_ tokens: the step's buffers, one slot per
   // Tmp (ca / cs: the KV compressor's rows, ia / is: the indexer compressor's), kernel scratch.
   struct Workspace {
-    DeviceBuffer tokens, pos;
+    // The step's upload, laid out for its T rows as the staging buffer: token ids [T], positions
+    // [T], then (graph steps) the sequence table [T seqs] of descriptor addresses.
+    DeviceBuffer in;
     DeviceBuffer X, x, post, comb, f, mixes;
     DeviceBuffer qr, q, kv, chunk_kv, o, z, ca, cs, ia, is, qi, wi, scores, sel, sel_n, n_vis;
     DeviceBuffer glog, ids, wts, idx, roww, xs, g, u, y;
@@ -206,7 +231,12 @@ class CudaBackend final : public Backend {
     DeviceBuffer logits;
     DeviceBuffer hid, bcast;  // MTP steps: the main model's final states [chunk_ * hc, D]; r / hc for r < chunk_ * hc
   } ws_;
-  gpu::PinnedBuffer stage_;  // the step's token ids [chunk_] then positions [chunk_], uploaded at begin
+  gpu::PinnedBuffer stage_;  // the step's upload (Workspace::in's layout), copied at begin
+  // Into ws_.in, for the current step (fixed for a given T, so a graph of T rows finds them).
+  int32_t* tokens_d_ = nullptr;
+  int32_t* pos_d_ = nullptr;
+  const void* const* const* seqs_d_ = nullptr;
+  std::optional<SequenceState> pad_;  // padding_sequence(), made on first use
   gpu::PinnedBuffer hid_stage_;  // MTP steps: StepPlan::hidden [chunk_ * hc * D], uploaded at begin
 
   // Step graphs: whether decode steps use them, the cache, and the current step's mode and key.
@@ -217,7 +247,6 @@ class CudaBackend final : public Backend {
   int64_t ops_ = 0;
 };
 
-std::atomic<uint64_t> g_next_serial{1};
 
 // w, once a device is known to be there (before the first upload).
 const ModelWeights& on_device(const ModelWeights& w) {
@@ -264,8 +293,7 @@ CudaBackend::CudaBackend(const ModelWeights& w, const CudaOptions& o) : w_(w), c
   // context can hold (CSA).
   const int64_t C = chunk_, D = c.dim, hc = c.hc, H = c.n_heads, d = c.head_dim;
   const int64_t HI = c.index_heads, dI = c.index_dim, k = c.n_active, I = c.moe_inter;
-  ws_.tokens = ints(C);
-  ws_.pos = ints(C);
+  ws_.in = bytes(step_in_bytes(C));
   ws_.X = floats(C * hc * D);
   ws_.x = floats(C * D);
   ws_.post = floats(C * hc);
@@ -300,7 +328,7 @@ CudaBackend::CudaBackend(const ModelWeights& w, const CudaOptions& o) : w_(w), c
   ws_.sg = floats(StepGraphs::kMaxRows * k * I);
   ws_.su = floats(StepGraphs::kMaxRows * k * I);
   ws_.sy = floats(StepGraphs::kMaxRows * k * D);
-  stage_ = gpu::PinnedBuffer(static_cast<size_t>(2 * C) * sizeof(int32_t));
+  stage_ = gpu::PinnedBuffer(step_in_bytes(C));
   ws_.logits = floats(C * c.vocab);
   if (w.mtp) {
     ws_.hid = floats(C * hc * D);
@@ -360,7 +388,6 @@ std::unique_ptr<CudaSequence> CudaBackend::allocate_sequence() const {
   gpu::abort_capture(stream_);
   auto seq = std::make_unique<CudaSequence>();
   seq->owner = this;
-  seq->serial = g_next_serial++;
   for (int64_t l = 0; l < state_layers(); ++l) {
     const LayerW& L = w_.layer(l);
     const LayerKind kind = L.kind();
@@ -381,6 +408,12 @@ std::unique_ptr<CudaSequence> CudaBackend::allocate_sequence() const {
     }
     seq->layers.push_back(std::move(s));
   }
+  std::vector<const void*> desc;
+  for (const DevLayerState& s : seq->layers)
+    for (const DeviceBuffer* b : {&s.ring, &s.entries, &s.index_keys, &s.comp_a, &s.comp_s, &s.index_comp_a, &s.index_comp_s})
+      desc.push_back(b->empty() ? nullptr : b->get());
+  DSV4_CHECK(desc.size() == seq->layers.size() * kFields);
+  seq->desc = gpu::to_device(desc);
   return seq;
 }
 
@@ -397,8 +430,8 @@ SequenceState CudaBackend::new_sequence() const {
 
 // Device-to-device copies of every cache (the CPU shares its entry pages copy-on-write; here the
 // entries are copied, only the blocks that have closed: st.pos / ratio of them, mtp_pos / ratio
-// in the MTP block's layer). The copy gets a new serial number, so no step graph of the source
-// (which holds the source's buffer addresses) is ever replayed for it.
+// in the MTP block's layer). The copy has its own buffers and descriptor; step graphs find either
+// sequence's buffers through the step's sequence table.
 SequenceState CudaBackend::fork(const SequenceState& st) const {
   const CudaSequence& src = sequence(st);
   std::unique_ptr<CudaSequence> seq = allocate_sequence();
@@ -437,8 +470,7 @@ SequenceState CudaBackend::fork(const SequenceState& st) const {
 // and are rewritten when their block closes again); the window ring (window + kRewind slots) and
 // the compressor rings (kRewind rows of slack) still hold every row a position from `pos` on reads,
 // the rows of the dropped positions being overwritten before anything reads them. Only the
-// position goes back. The sequence keeps its serial: its step graphs stay valid, since a graph
-// reads the positions (uploaded every step) and the same buffers.
+// position goes back: a step graph reads the positions from the per-step upload.
 void CudaBackend::truncate(SequenceState& st, int64_t pos, Stack stack) const {
   const CudaSequence& seq = sequence(st);
   const bool mtp = stack == Stack::Mtp;
@@ -459,9 +491,9 @@ CudaSequence& CudaBackend::sequence(SequenceState& st) const {
   return const_cast<CudaSequence&>(sequence(static_cast<const SequenceState&>(st)));
 }
 
-// Uploads the step's token ids and positions (MTP: and the main model's final states), outside
-// any graph: they change every step. Then picks the mode: a decode step of a batch seen before
-// replays its graph, a new one is captured.
+// Uploads the step's token ids, positions and (graph steps) sequence table (MTP: and the main
+// model's final states), outside any graph: they change every step. Then picks the mode: a decode
+// step of a shape seen before replays its graph, a new one is captured.
 Backend::Step CudaBackend::begin(const StepPlan& plan) {
   const bool mtp = plan.stack == Stack::Mtp;
   if (mtp && !w_.mtp) throw Error("cuda backend: this model has no MTP block");
@@ -472,27 +504,39 @@ Backend::Step CudaBackend::begin(const StepPlan& plan) {
   const int64_t T = plan.T();
   DSV4_CHECK(T <= chunk_);  // max_rows()
   bool decode = use_graphs_ && T <= StepGraphs::kMaxRows;
-  // Steps that call other ops differ: a logits step and an ids step, a main step and an MTP step
-  // (other layers), a step that reads the final states and one that does not (the graph ends at
-  // read_hidden, and the head runs eagerly after it: an MTP draft step vs a catch-up step).
+  // The graph of a step depends on its shape, never on its sequences (their buffers are read
+  // through the sequence table): T, and what ops it calls — a logits step and an ids step, a
+  // main step and an MTP step (other layers), a step that reads the final states and one that
+  // does not (the graph ends at read_hidden, and the head runs eagerly after it: an MTP draft
+  // step vs a catch-up step).
   std::vector<uint64_t> key = {static_cast<uint64_t>(plan.tail), static_cast<uint64_t>(plan.stack),
-                               static_cast<uint64_t>(plan.reads_hidden)};
+                               static_cast<uint64_t>(plan.reads_hidden), static_cast<uint64_t>(T)};
   for (const StepSeq& q : plan.seqs) {
-    const CudaSequence& seq = sequence(*q.st);
+    sequence(*q.st);  // this backend's
     if (q.p0 + q.n > context_)
       throw Error("cuda backend: position " + std::to_string(q.p0 + q.n - 1) + " is past its context limit of " +
                   std::to_string(context_) + " tokens (set at load: --context)", ErrorKind::ResourceExhausted);
     decode = decode && q.n == 1;
-    key.push_back(seq.serial);
   }
+  // One copy: token ids, positions and (graph steps) each sequence's descriptor address.
   wait();  // the staging buffer may still feed the last step's copies
-  int32_t* h = stage_.as<int32_t>();
+  uint8_t* stage = stage_.as<uint8_t>();
+  int32_t* h = reinterpret_cast<int32_t*>(stage);
   for (int64_t t = 0; t < T; ++t) {
     h[t] = plan.tokens[t];
-    h[chunk_ + t] = static_cast<int32_t>(plan.pos[t]);
+    h[T + t] = static_cast<int32_t>(plan.pos[t]);
   }
-  gpu::copy_async(ws_.tokens.get(), h, static_cast<size_t>(T) * sizeof(int32_t), stream_);
-  gpu::copy_async(ws_.pos.get(), h + chunk_, static_cast<size_t>(T) * sizeof(int32_t), stream_);
+  size_t upload = table_offset(T);
+  if (decode) {
+    const void** table = reinterpret_cast<const void**>(stage + table_offset(T));
+    for (size_t i = 0; i < plan.seqs.size(); ++i) table[i] = sequence(*plan.seqs[i].st).desc.get();
+    upload = step_in_bytes(T);
+  }
+  gpu::copy_async(ws_.in.get(), stage, upload, stream_);
+  uint8_t* in = ws_.in.as<uint8_t>();
+  tokens_d_ = reinterpret_cast<int32_t*>(in);
+  pos_d_ = tokens_d_ + T;
+  seqs_d_ = reinterpret_cast<const void* const* const*>(in + table_offset(T));
   if (mtp) {
     const size_t n = static_cast<size_t>(T * c_.hc * c_.dim);
     std::copy(plan.hidden, plan.hidden + n, hid_stage_.as<float>());
@@ -519,7 +563,7 @@ Backend::Step CudaBackend::begin(const StepPlan& plan) {
   if (mtp) {
     mtp_input(s);
   } else {
-    gpu::embed(dev_.weight(w_.embed).view(), ws_.tokens.as<int32_t>(), T, c_.hc, s.X, stream_);
+    gpu::embed(dev_.weight(w_.embed).view(), tokens_d_, T, c_.hc, s.X, stream_);
   }
   return s;
 }
@@ -533,7 +577,7 @@ void CudaBackend::mtp_input(Step& s) {
   float* e = s.x;                  // [T, D], free until the first hc_pre
   float* ep = s.f;                 // [T, D], free until the first sublayer writes it
   float* h = ws_.hid.as<float>();  // [T * hc, D]: the uploaded final states, then ep per copy
-  gpu::embed(dev_.weight(w_.embed).view(), ws_.tokens.as<int32_t>(), T, 1, e, stream_);
+  gpu::embed(dev_.weight(w_.embed).view(), tokens_d_, T, 1, e, stream_);
   gpu::rmsnorm(e, D, dev_.data(m.enorm), T, D, c_.eps, e, D, stream_);
   gpu::qmatmul(dev_.weight(m.e_proj), e, T, ep, stream_);
   gpu::rmsnorm(h, D, dev_.data(m.hnorm), T * hc, D, c_.eps, h, D, stream_);
@@ -580,7 +624,7 @@ void CudaBackend::vec_ops(Step& s, const VecOps& v) {
   const int64_t N = s.T * v.heads, r = c_.rope_dim;
   if (v.norm == VecNorm::Rms) gpu::rmsnorm(v.v, v.dim, v.weight ? dev_.data(*v.weight) : nullptr, N, v.dim, v.eps, v.v, v.dim, stream_);
   if (v.rope != RopeDir::None)
-    gpu::rope(v.v, N, v.dim, v.dim, layers_[v.layer].freq.as<float>(), r, ws_.pos.as<int32_t>(), v.heads,
+    gpu::rope(v.v, N, v.dim, v.dim, layers_[v.layer].freq.as<float>(), r, pos_d_, v.heads,
               v.rope == RopeDir::Inverse, stream_);
   if (v.sim == QuantSim::Fp8) gpu::fp8sim_rows(v.v, N, v.dim - r, v.dim, 64, stream_);
   if (v.sim == QuantSim::HadamardFp4) {
@@ -591,7 +635,7 @@ void CudaBackend::vec_ops(Step& s, const VecOps& v) {
 
 // compress_feed of backends/cpu/compressor.cpp: gpu::compress pools, norms, ropes and quantises
 // the closing blocks and writes their entries in place.
-void CudaBackend::compress(Step&, const CompressFeed& f) {
+void CudaBackend::compress(Step& s, const CompressFeed& f) {
   if (replaying()) return;
   const LayerW& L = w_.layer(f.layer);
   const StepSeq& q = *f.seq;
@@ -603,7 +647,7 @@ void CudaBackend::compress(Step&, const CompressFeed& f) {
   k.a = f.a + q.t0 * width;
   k.s = f.g + q.t0 * width;
   k.T = q.n;
-  k.pos = ws_.pos.as<int32_t>() + q.t0;
+  k.pos = pos_d_ + q.t0;
   k.ratio = L.ratio;
   k.dout = cw.out_dim;
   k.rope = c_.rope_dim;
@@ -611,9 +655,12 @@ void CudaBackend::compress(Step&, const CompressFeed& f) {
   k.norm = dev_.data(cw.norm);
   k.eps = c_.eps;
   k.indexer = index;
-  k.ring_a = (index ? S.index_comp_a : S.comp_a).as<float>();
-  k.ring_s = (index ? S.index_comp_s : S.comp_s).as<float>();
-  k.entries = (index ? S.index_keys : S.entries).as<uint8_t>();
+  k.ring_a = direct<float>(index ? S.index_comp_a : S.comp_a);
+  k.ring_s = direct<float>(index ? S.index_comp_s : S.comp_s);
+  k.entries = direct<uint8_t>(index ? S.index_keys : S.entries);
+  k.ring_a_ref = ref(s, q, f.layer, index ? kIndexCompA : kCompA);
+  k.ring_s_ref = ref(s, q, f.layer, index ? kIndexCompS : kCompS);
+  k.entries_ref = ref(s, q, f.layer, index ? kIndexKeys : kEntries);
   k.entry_stride = static_cast<int64_t>(index ? ikb_ : kvb_);
   k.capacity = context_ / L.ratio;
   k.ring_rows = gpu::compressor_ring_rows(L.ratio) + kRewind;
@@ -622,7 +669,7 @@ void CudaBackend::compress(Step&, const CompressFeed& f) {
 }
 
 // Scores over the entries visible to each query, top-k per query.
-void CudaBackend::index_topk(Step&, const IndexTopk& k) {
+void CudaBackend::index_topk(Step& s, const IndexTopk& k) {
   if (replaying()) return;
   const ModelConfig& c = c_;
   const StepSeq& q = *k.seq;
@@ -631,23 +678,24 @@ void CudaBackend::index_topk(Step&, const IndexTopk& k) {
   // Every entry the context can hold: the kernels derive each query's visible count from its
   // position (device), so the launch does not depend on the step (a graph replays it).
   const int64_t cap = context_ / ratio;
-  const int32_t* pos = ws_.pos.as<int32_t>() + q.t0;
-  gpu::indexer_scores(k.q + q.t0 * HI * dI, k.w + q.t0 * HI, q.n, HI, dI, S.index_keys.as<uint8_t>(), static_cast<int64_t>(ikb_),
-                      pos, ratio, cap, ws_.scores.as<float>(), cap, ws_.n_vis.as<int32_t>(), stream_);
+  const int32_t* pos = pos_d_ + q.t0;
+  gpu::indexer_scores(k.q + q.t0 * HI * dI, k.w + q.t0 * HI, q.n, HI, dI, direct<uint8_t>(S.index_keys), static_cast<int64_t>(ikb_),
+                      pos, ratio, cap, ws_.scores.as<float>(), cap, ws_.n_vis.as<int32_t>(), stream_,
+                      ref(s, q, k.layer, kIndexKeys));
   gpu::topk_rows(ws_.scores.as<float>(), q.n, cap, cap, ws_.n_vis.as<int32_t>(), K, k.sel + q.t0 * K, k.sel_n + q.t0, stream_);
 }
 
 // Where the CPU decodes cached vectors and gathers keys per query, gpu::sparse_attention reads
 // the compact caches directly, in the same key order (window, then the entries: CSA in each
 // query's indexer top-k order).
-void CudaBackend::attend(Step&, const Attend& at) {
+void CudaBackend::attend(Step& s, const Attend& at) {
   if (replaying()) return;
   const ModelConfig& c = c_;
   const LayerW& L = w_.layer(at.layer);
   const StepSeq& q = *at.seq;
   DevLayerState& S = sequence(*q.st).layers[at.layer];
   const int64_t T = q.n, H = c.n_heads, d = c.head_dim, W = c.window, r = c.rope_dim, ratio = L.ratio;
-  const int32_t* pos = ws_.pos.as<int32_t>() + q.t0;
+  const int32_t* pos = pos_d_ + q.t0;
   const float* kv = at.kv + q.t0 * d;
 
   // This chunk's keys in the cache encoding (exact on fp8sim'd vectors, so the values equal the
@@ -661,11 +709,15 @@ void CudaBackend::attend(Step&, const Attend& at) {
   a.rope = r;
   a.pos = pos;
   a.chunk_kv = ws_.chunk_kv.as<uint8_t>();
-  a.ring = S.ring.as<uint8_t>();
+  a.ring = direct<uint8_t>(S.ring);
+  a.ring_ref = ref(s, q, at.layer, kRing);
   a.window = W;
   a.ring_slots = W + kRewind;
   a.ratio = ratio;
-  a.entries = L.kind() != LayerKind::Window ? S.entries.as<uint8_t>() : nullptr;
+  if (L.kind() != LayerKind::Window) {
+    a.entries = direct<uint8_t>(S.entries);
+    a.entries_ref = ref(s, q, at.layer, kEntries);
+  }
   if (at.sel) {  // a query that sees no entry has sel_n 0
     a.sel = at.sel + q.t0 * c.index_topk;
     a.sel_n = at.sel_n + q.t0;
@@ -677,7 +729,8 @@ void CudaBackend::attend(Step&, const Attend& at) {
   a.out = at.out + q.t0 * H * d;
   gpu::sparse_attention(a, stream_);
   // The window ring keeps the last W + kRewind positions for later chunks.
-  gpu::kv_encode_ring(kv, T, d, d, r, pos, W + kRewind, S.ring.as<uint8_t>(), static_cast<int64_t>(kvb_), stream_);
+  gpu::kv_encode_ring(kv, T, d, d, r, pos, W + kRewind, direct<uint8_t>(S.ring), static_cast<int64_t>(kvb_), stream_,
+                      ref(s, q, at.layer, kRing));
 }
 
 // Routing on the device; the expert ids and weights come to the host (one synchronisation per
@@ -689,7 +742,7 @@ void CudaBackend::route(Step& s, const Route& r) {
   const float* bias = hash ? nullptr : dev_.data(r.w->bias);
   const int32_t* table = hash ? dev_.data(r.w->tid2eid) : nullptr;
   DSV4_CHECK(mode_ == StepGraphs::Mode::Eager);  // a graph step routes on the device (moe_on_device)
-  gpu::route(r.logits, s.T, c.n_experts, c.n_active, bias, table, ws_.tokens.as<int32_t>(), c.route_scale, ws_.ids.as<int32_t>(),
+  gpu::route(r.logits, s.T, c.n_experts, c.n_active, bias, table, tokens_d_, c.route_scale, ws_.ids.as<int32_t>(),
              ws_.wts.as<float>(), stream_);
   wait();  // the downloads below are on the legacy stream
   ws_.ids.download(r.ids, static_cast<size_t>(Tk) * sizeof(int32_t));
@@ -721,7 +774,7 @@ void CudaBackend::routed_experts(Step& s, const RoutedExperts& r) {
   const int32_t* table = hash ? dev_.data(r.w->tid2eid) : nullptr;
   int32_t* ids = ws_.ids.as<int32_t>();
   float* wts = ws_.wts.as<float>();
-  gpu::route(r.logits, T, c.n_experts, k, bias, table, ws_.tokens.as<int32_t>(), c.route_scale, ids, wts, stream_);
+  gpu::route(r.logits, T, c.n_experts, k, bias, table, tokens_d_, c.route_scale, ids, wts, stream_);
   const auto it = experts_.find(r.w);
   DSV4_CHECK(it != experts_.end());
   float *g = ws_.sg.as<float>(), *u = ws_.su.as<float>(), *y = ws_.sy.as<float>();
@@ -770,6 +823,21 @@ void CudaBackend::argmax(Step& s, int64_t n, int64_t vocab, int32_t* out) {
   flush();
   wait();
   ws_.idx.download(out, static_cast<size_t>(n) * sizeof(int32_t));
+}
+
+// The smallest bucket (1, 2, 4, 8, 16) that holds n decode rows, when steps are graphs.
+int64_t CudaBackend::decode_bucket(int64_t n) const {
+  if (!use_graphs_ || n < 1 || n > StepGraphs::kMaxRows) return 0;
+  int64_t b = 1;
+  while (b < n) b *= 2;
+  return b <= chunk_ ? b : 0;
+}
+
+// Its rows write only its own buffers (at position 0, where nothing is read from its caches);
+// zero-filled like any new sequence, so a padding row computes on defined values.
+SequenceState& CudaBackend::padding_sequence() {
+  if (!pad_) pad_ = new_sequence();
+  return *pad_;
 }
 
 }  // namespace

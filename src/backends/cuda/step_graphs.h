@@ -9,14 +9,17 @@
 // entries, closing blocks; top-k counts; the MoE routing), so a replay computes exactly what an
 // eager step would.
 //
-// A graph holds the device addresses of its sequences' caches, so it is keyed by the batch's
-// sequences (their serial numbers, never reused) as well as by T, the stack (main layers or the
-// MTP block: other ops), whether the step reads its final states (StepPlan::reads_hidden: the
-// graph ends there) and the step's tail (logits or greedy ids or none, StepPlan::tail); a
-// batch that changes is captured again. A fork is a new sequence with its own serial (its own
-// caches), so it never replays its source's graphs; a truncate keeps the sequence and its buffers
-// and only moves its positions back, which a replay reads from the per-step upload, so its graphs
-// stay valid. At most kMaxGraphs are kept (least recently used dropped).
+// A graph serves any sequences: the per-sequence kernels (compressor, indexer, attention, window
+// ring) find each row's caches through the step's sequence table (gpu::SeqRef: the per-step
+// upload carries, with the token ids and positions, the address of each row's sequence
+// descriptor), never through addresses baked in at capture. So a graph is keyed by the step's
+// shape only: T, the stack (main layers or the MTP block: other ops), whether the step reads its
+// final states (StepPlan::reads_hidden: the graph ends there) and its tail (logits, greedy ids or
+// none: StepPlan::tail). Model pads a decode batch to the next bucket (Backend::decode_bucket:
+// 1, 2, 4, 8, 16) with rows of a scratch sequence, so a server whose batch changes every step
+// (continuous batching) replays one graph per bucket instead of capturing a new one per batch.
+// Forks, truncates and new sequences need nothing here. At most kMaxGraphs are kept (least
+// recently used dropped).
 #include <algorithm>
 #include <cstdint>
 #include <list>
@@ -30,10 +33,10 @@ namespace dsv4 {
 class StepGraphs {
  public:
   static constexpr int64_t kMaxRows = 16;  // the decode qmatmul's largest T (routed experts on the device)
-  static constexpr size_t kMaxGraphs = 8;
+  static constexpr size_t kMaxGraphs = 16;  // 5 buckets x a few tails / stacks
   enum class Mode { Eager, Capture, Replay };
 
-  // The graph of this batch (sequence serials in row order), if captured.
+  // The graph of this step shape (CudaBackend::begin's key), if captured.
   const gpu::Graph* find(const std::vector<uint64_t>& key) {
     for (auto it = cache_.begin(); it != cache_.end(); ++it) {
       if (it->key != key) continue;

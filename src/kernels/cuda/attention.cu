@@ -28,6 +28,8 @@ __device__ __forceinline__ const uint8_t* attn_key(const SparseAttention& a, int
 // decoded kAttnTile at a time into shared memory and shared by the block's heads.
 __global__ void __launch_bounds__(kAttnHeads * 32) sparse_attention_kernel(SparseAttention a) {
   __shared__ float ks[kAttnTile][kAttnMaxPL * 32];
+  a.ring = seq_buffer(a.ring_ref, a.ring);
+  a.entries = seq_buffer(a.entries_ref, a.entries);
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t h = static_cast<int64_t>(blockIdx.y) * kAttnHeads + warp;
@@ -100,8 +102,9 @@ constexpr int kIdxPerWarp = 8;  // entries per warp per block
 __global__ void __launch_bounds__(kIdxWarps * 32)
     indexer_scores_kernel(const float* __restrict__ q, const float* __restrict__ w, int64_t HI, int64_t dI,
                           const uint8_t* __restrict__ keys, int64_t key_stride, const int32_t* __restrict__ pos,
-                          int64_t ratio, int64_t n, float* scores, int64_t ld, int32_t* n_visible) {
+                          int64_t ratio, int64_t n, float* scores, int64_t ld, int32_t* n_visible, SeqRef keys_ref) {
   DSV4_EXTERN_SHARED(float, sm);
+  keys = seq_buffer(keys_ref, keys);
   const int64_t qld = dI + 1;
   float* qs = sm;
   float* ws = qs + HI * qld;
@@ -263,7 +266,8 @@ void sparse_attention(const SparseAttention& a, Stream stream) {
   if (a.kv_stride < static_cast<int64_t>(kv_codec_bytes(a.d, a.rope))) bad_arg(op, "kv_stride too small");
   if (a.ratio < 0) bad_arg(op, "negative ratio");
   if (a.sel && (!a.sel_n || a.ld_sel <= 0)) bad_arg(op, "sel needs sel_n and ld_sel");
-  if (!a.q || !a.pos || !a.chunk_kv || !a.ring || !a.sink || !a.out || (a.ratio > 0 && !a.entries))
+  if (!a.q || !a.pos || !a.chunk_kv || (!a.ring && !a.ring_ref.set()) || !a.sink || !a.out ||
+      (a.ratio > 0 && !a.entries && !a.entries_ref.set()))
     bad_arg(op, "missing pointer");
   if (a.T <= 0 || a.H <= 0) return;
   const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>(ceil_div(a.H, kAttnHeads)));
@@ -273,7 +277,7 @@ void sparse_attention(const SparseAttention& a, Stream stream) {
 
 void indexer_scores(const float* q, const float* w, int64_t T, int64_t HI, int64_t dI, const uint8_t* keys,
                     int64_t key_stride, const int32_t* pos, int64_t ratio, int64_t n, float* scores, int64_t ld,
-                    int32_t* n_visible, Stream stream) {
+                    int32_t* n_visible, Stream stream, SeqRef keys_ref) {
   const char* op = "indexer_scores";
   if (dI <= 0 || dI % 32 != 0 || HI <= 0 || ratio <= 0) bad_arg(op, "bad shape");
   if (key_stride < static_cast<int64_t>(fp4_codec_bytes(dI))) bad_arg(op, "key_stride too small");
@@ -289,7 +293,7 @@ void indexer_scores(const float* q, const float* w, int64_t T, int64_t HI, int64
   if (tiles > 65535) bad_arg(op, "too many entries for one launch");
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(tiles));
   DSV4_LAUNCH(grid, kIdxWarps * 32, smem, stream, indexer_scores_kernel)(q, w, HI, dI, keys, key_stride, pos, ratio, n, scores,
-                                                                ld, n_visible);
+                                                                ld, n_visible, keys_ref);
   DSV4_CUDA_LAUNCHED("indexer_scores_kernel");
 }
 

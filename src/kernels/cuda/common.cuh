@@ -56,6 +56,14 @@ inline unsigned grid_for(int64_t n, int block) {
 
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
+// The buffer a SeqRef names (read from the device table at run time), or `direct` when it names
+// none (cuda_ops.h SeqRef).
+template <class T>
+__device__ __forceinline__ T* seq_buffer(const SeqRef& r, T* direct) {
+  if (!r.table) return direct;
+  return static_cast<T*>(const_cast<void*>(r.table[r.row][r.field]));
+}
+
 // ================================================================ format decoders (exact)
 
 // E4M3FN code -> float, exact for every finite code. The code's exponent and mantissa bits are

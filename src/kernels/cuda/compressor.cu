@@ -14,6 +14,9 @@ namespace {
 // Shared: the entry [dout] floats.
 __global__ void compress_pool_kernel(Compressor c) {
   DSV4_EXTERN_SHARED(float, ent);
+  c.ring_a = seq_buffer(c.ring_a_ref, c.ring_a);
+  c.ring_s = seq_buffer(c.ring_s_ref, c.ring_s);
+  c.entries = seq_buffer(c.entries_ref, c.entries);
   const int64_t t = blockIdx.x;
   const int64_t p = c.pos[t], p0 = c.pos[0], ratio = c.ratio, dout = c.dout;
   if (p % ratio != ratio - 1) return;  // uniform over the block
@@ -97,6 +100,8 @@ __global__ void compress_pool_kernel(Compressor c) {
 
 // Keeps the chunk's last ring_rows rows (a, and s + ape) for later chunks.
 __global__ void compress_ring_kernel(Compressor c) {
+  c.ring_a = seq_buffer(c.ring_a_ref, c.ring_a);
+  c.ring_s = seq_buffer(c.ring_s_ref, c.ring_s);
   const int64_t ratio = c.ratio, dout = c.dout;
   const bool overlap = ratio == 4;
   const int64_t width = overlap ? 2 * dout : dout, ring_rows = c.ring_rows;
@@ -131,7 +136,8 @@ void compress(const Compressor& in, Stream stream) {
     if (c.entry_stride < static_cast<int64_t>(kv_codec_bytes(c.dout, c.rope))) bad_arg(op, "entry_stride too small");
   }
   if (c.dout > 8192) bad_arg(op, "dout too large");
-  if (!c.a || !c.s || !c.pos || !c.ape || !c.norm || (c.rope > 0 && !c.freq) || !c.ring_a || !c.ring_s || !c.entries)
+  if (!c.a || !c.s || !c.pos || !c.ape || !c.norm || (c.rope > 0 && !c.freq) || (!c.ring_a && !c.ring_a_ref.set()) ||
+      (!c.ring_s && !c.ring_s_ref.set()) || (!c.entries && !c.entries_ref.set()))
     bad_arg(op, "missing pointer");
   if (c.T <= 0) return;
   DSV4_LAUNCH(static_cast<unsigned>(c.T), 256, static_cast<size_t>(c.dout) * sizeof(float), stream, compress_pool_kernel)(c);

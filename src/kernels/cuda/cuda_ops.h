@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/sampling.h"
 #include "core/weight.h"
 
 struct CUstream_st;      // cudaStream_t is CUstream_st*
@@ -32,6 +33,18 @@ struct CUgraphExec_st;  // cudaGraphExec_t is CUgraphExec_st*
 namespace dsv4::gpu {
 
 using Stream = CUstream_st*;
+
+// Where a per-sequence kernel finds one of a sequence's cache buffers when a step graph serves
+// whatever sequences its rows hold (docs/cuda.md "One graph per batch bucket"): `table` is a
+// device array of per-row pointers, each to a device array of that sequence's buffer addresses
+// (its descriptor), and the buffer is table[row][field]. Both levels are read by the kernel at
+// run time, so a replay follows the table the step's upload filled, not the addresses seen at
+// capture. Null table: the kernel uses the pointer passed directly.
+struct SeqRef {
+  const void* const* const* table = nullptr;
+  int32_t row = 0, field = 0;
+  bool set() const { return table != nullptr; }
+};
 
 // ================================================================ device, memory
 
@@ -250,6 +263,17 @@ void scale(float* x, int64_t n, float s, Stream stream = nullptr);
 // sampler's std::max_element). One block per row. NaNs are never chosen unless all are NaN.
 void argmax_rows(const float* x, int64_t rows, int64_t n, int64_t ld, int32_t* out, Stream stream = nullptr);
 
+// Sampling on the device: out[r] = sample_logits(x[r*ld .. r*ld + n), params[r]) (core/sampling.h)
+// for every row, the same double operations in the same order (on a GPU the device exp may
+// differ from the host's libm in the last bit: docs/cuda.md). params: device [rows]. Each row's
+// candidates (sample_candidates(params[r], n)) must be at most sample_max_candidates(n) — the
+// caller checks on the host (the parameters are host values before they are uploaded). Scratch:
+// idx [rows * sample_max_candidates(n)] int32, count [rows] int32, prob [rows *
+// sample_max_candidates(n)] double.
+int64_t sample_max_candidates(int64_t n);  // min(n, 4096): topk_rows' limit
+void sample_rows(const float* x, int64_t rows, int64_t n, int64_t ld, const SampleRow* params, int32_t* idx, int32_t* count,
+                 double* prob, int32_t* out, Stream stream = nullptr);
+
 // ================================================================ MoE on the device (moe.cu)
 // A decode step's routed experts with no host read of the routing: route() writes ids [T, k] and
 // weights on the device, qmatmul_experts runs each (token, slot) through its expert's matrix,
@@ -329,8 +353,9 @@ void fp4_decode(const uint8_t* in, int64_t rows, int64_t stride, int64_t dim, fl
 // kv [T, ldv] with t >= T - slots are KvCodec-encoded into ring slot pos[t] % slots. slots: the
 // ring's length, the window or more (the CUDA backend keeps window + kRewind, so a rewind of up
 // to kRewind positions finds its window intact, as kv/state.h's ring).
+// ring_ref, when set, names the ring instead of `ring` (SeqRef).
 void kv_encode_ring(const float* kv, int64_t T, int64_t ldv, int64_t dim, int64_t rope, const int32_t* pos,
-                    int64_t slots, uint8_t* ring, int64_t stride, Stream stream = nullptr);
+                    int64_t slots, uint8_t* ring, int64_t stride, Stream stream = nullptr, SeqRef ring_ref = {});
 
 // ================================================================ sparse attention (model/attention.h)
 
@@ -360,16 +385,18 @@ struct SparseAttention {
   const float* sink = nullptr;        // [H]
   float scale = 1.0f;
   float* out = nullptr;               // [T, H, d]
+  SeqRef ring_ref, entries_ref;       // when set, name ring / entries instead (SeqRef)
 };
 void sparse_attention(const SparseAttention& a, Stream stream = nullptr);
 
 // Indexer scores (indexer_topk's scores): scores[t * ld + b] = sum_h w[t, h] * relu(q[t, h] . K_b)
 // for b < vis = min((pos[t]+1)/ratio, n), -inf for the other b < n; n_visible[t] = vis (device,
 // may be null) feeds topk_rows. q [T, HI, dI], w [T, HI], keys Fp4Codec bytes `key_stride` apart.
-// dI a multiple of 32; HI * (dI + 1) floats must fit in shared memory (checked).
+// dI a multiple of 32; HI * (dI + 1) floats must fit in shared memory (checked). keys_ref, when
+// set, names the keys instead of `keys` (SeqRef).
 void indexer_scores(const float* q, const float* w, int64_t T, int64_t HI, int64_t dI, const uint8_t* keys,
                     int64_t key_stride, const int32_t* pos, int64_t ratio, int64_t n, float* scores, int64_t ld,
-                    int32_t* n_visible, Stream stream = nullptr);
+                    int32_t* n_visible, Stream stream = nullptr, SeqRef keys_ref = {});
 
 // topk (ops.h) per row: idx[r * k + i], i < count[r] = min(k, m) with m = n_valid[r] (device,
 // clamped to [0, n]) or n (n_valid null): the indices of the m-prefix's largest values in
@@ -407,6 +434,7 @@ struct Compressor {
   // The ring's length: 0 = compressor_ring_rows(ratio), the rows a block's pooling needs; the
   // CUDA backend adds kRewind rows, so a rewind of up to kRewind positions can reopen a block.
   int64_t ring_rows = 0;
+  SeqRef ring_a_ref, ring_s_ref, entries_ref;  // when set, name ring_a / ring_s / entries instead (SeqRef)
 };
 // The rows the pooling needs: ratio, or 2 * ratio for the overlapping ratio 4.
 int64_t compressor_ring_rows(int64_t ratio);

@@ -8,7 +8,8 @@ namespace {
 // floats are copied as bytes (the vector layout does not align them). With `pos`, row t goes to
 // slot pos[t] % ring and rows t < T - ring are skipped (the ring keeps the last `ring`).
 __global__ void kv_encode_kernel(const float* __restrict__ v, int64_t T, int64_t ldv, int nope, int rope, uint8_t* out,
-                                 int64_t stride, const int32_t* __restrict__ pos, int64_t ring) {
+                                 int64_t stride, const int32_t* __restrict__ pos, int64_t ring, SeqRef out_ref) {
+  out = seq_buffer(out_ref, out);
   const int64_t t = blockIdx.x;
   if (pos && t < T - ring) return;
   const int64_t slot = pos ? pos[t] % ring : t;
@@ -75,17 +76,17 @@ void kv_encode(const float* v, int64_t rows, int64_t ldv, int64_t dim, int64_t r
   check_kv("kv_encode", dim, rope, stride);
   if (rows <= 0) return;
   DSV4_LAUNCH(static_cast<unsigned>(rows), 128, 0, stream, kv_encode_kernel)(v, rows, ldv, static_cast<int>(dim - rope),
-                                                                    static_cast<int>(rope), out, stride, nullptr, 0);
+                                                                    static_cast<int>(rope), out, stride, nullptr, 0, SeqRef{});
   DSV4_CUDA_LAUNCHED("kv_encode_kernel");
 }
 
 void kv_encode_ring(const float* kv, int64_t T, int64_t ldv, int64_t dim, int64_t rope, const int32_t* pos,
-                    int64_t slots, uint8_t* ring, int64_t stride, Stream stream) {
+                    int64_t slots, uint8_t* ring, int64_t stride, Stream stream, SeqRef ring_ref) {
   check_kv("kv_encode_ring", dim, rope, stride);
   if (slots <= 0) bad_arg("kv_encode_ring", "slots must be positive");
   if (T <= 0) return;
   DSV4_LAUNCH(static_cast<unsigned>(T), 128, 0, stream, kv_encode_kernel)(kv, T, ldv, static_cast<int>(dim - rope),
-                                                                 static_cast<int>(rope), ring, stride, pos, slots);
+                                                                 static_cast<int>(rope), ring, stride, pos, slots, ring_ref);
   DSV4_CUDA_LAUNCHED("kv_encode_kernel(ring)");
 }
 

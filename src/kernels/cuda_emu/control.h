@@ -17,6 +17,8 @@ struct Stats {
   uint64_t syncthreads = 0;       // __syncthreads barriers released (once per block barrier)
   uint64_t warp_collectives = 0;  // warp collectives released (shuffles, __syncwarp, votes; once per warp)
   uint64_t graph_launches = 0;    // cudaGraphLaunch calls that ran (their kernels count in `launches`)
+  uint64_t graph_captures = 0;    // cudaStreamBeginCapture calls that started a capture
+  uint64_t graph_instantiations = 0;  // cudaGraphInstantiate calls that made an executable graph
 };
 
 Stats stats();

@@ -163,6 +163,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   s->mode = mode;
   s->nodes.clear();
   g_capturing.insert(s);
+  ++mutable_stats().graph_captures;
   return cudaSuccess;
 }
 
@@ -200,6 +201,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
   if (!g_graphs.count(graph)) return record(cudaErrorInvalidValue);
   *exec = new CUgraphExec_st{graph->nodes};  // copies: the graph may be destroyed first
   g_execs.insert(*exec);
+  ++mutable_stats().graph_instantiations;
   return cudaSuccess;
 }
 

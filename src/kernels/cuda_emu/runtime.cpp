@@ -148,14 +148,15 @@ void reset_stats() {
 }
 
 std::string format_stats(const Stats& s) {
-  char buf[320];
+  char buf[400];
   std::snprintf(buf, sizeof buf,
                 "cuda-emu: %llu launches, %llu blocks, %.2f M threads, %.1f M switches, %llu block barriers, "
-                "%.2f M warp collectives, %llu graph launches",
+                "%.2f M warp collectives, %llu graph launches, %llu captures, %llu instantiations",
                 static_cast<unsigned long long>(s.launches), static_cast<unsigned long long>(s.blocks),
                 static_cast<double>(s.threads) / 1e6, static_cast<double>(s.switches) / 1e6,
                 static_cast<unsigned long long>(s.syncthreads), static_cast<double>(s.warp_collectives) / 1e6,
-                static_cast<unsigned long long>(s.graph_launches));
+                static_cast<unsigned long long>(s.graph_launches), static_cast<unsigned long long>(s.graph_captures),
+                static_cast<unsigned long long>(s.graph_instantiations));
   return buf;
 }
 
