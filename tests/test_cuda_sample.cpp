@@ -4,10 +4,17 @@
 // draws. Skipped without a CUDA device (label gpu); on the emulator the device exp is glibc's, so
 // the ids must be equal; on a GPU a last-bit difference of exp could move a pick that sits on a
 // boundary (docs/cuda.md), so the test reports mismatches rather than expecting none there.
+#include <algorithm>
 #include <random>
 
+#include "backends/cuda/cuda_backend.h"
 #include "core/sampling.h"
+#include "model/forward.h"
 #include "test_cuda_util.h"
+#include "test_util.h"
+#if defined(DSV4_CUDA_EMU)
+#include "kernels/cuda_emu/control.h"
+#endif
 
 using namespace dsv4;
 using namespace dsv4::testing;
@@ -80,6 +87,97 @@ TEST_F(CudaSample, DeviceIdsEqualCpuSampler) {
               static_cast<long long>(mismatches));
 #if !defined(DSV4_CUDA_EMU)
   EXPECT_LE(mismatches * 100, checked) << "more than 1% of picks differ: not a last-bit exp difference";
+#endif
+}
+
+// The sampled step tail (StepPlan::Tail::Sample; SeqInput::sample): decode steps of the tiny model
+// whose rows carry SampleRows (uploaded with the token ids) pick, on a graph backend (captured on
+// the first step of each bucket and tail, replayed after), the ids an eager backend's sampled
+// steps pick, which are sample_logits (the CPU sampler's pick) of an eager backend's logits for
+// the same rows. Rows mix greedy and sampled parameters; batches of 3 (padded to 4) and 1; steps
+// of greedy ids and of logits in between, so a sample graph is replayed after other tails ran.
+TEST_F(CudaSample, SampledStepsEqualEagerAndCpuSampler) {
+  auto model = [](bool graphs) {
+    CudaOptions o;
+    o.context = 64;
+    o.graphs = graphs;
+    return Model(load_model(golden_dir("tiny-native") + "/model"), [&](const ModelWeights& w) { return make_cuda_backend(w, o); });
+  };
+  const Model graphs = model(true), eager = model(false);
+  const int64_t V = graphs.config().vocab;
+  ASSERT_LE(V, gpu::sample_max_candidates(V));  // every parameter set below fits the kernel
+  constexpr int kSeqs = 3;
+  std::mt19937 g(77);
+  std::uniform_int_distribution<int32_t> tok(2, static_cast<int32_t>(V - 1));
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  // a: graph steps that sample, b: eager steps that sample, c: eager steps that return logits.
+  std::vector<SequenceState> a, b, c;
+  std::vector<float> scratch(static_cast<size_t>(V));
+  for (int i = 0; i < kSeqs; ++i) {
+    std::vector<int32_t> prompt(static_cast<size_t>(4 + i));
+    for (int32_t& t : prompt) t = tok(g);
+    a.push_back(graphs.new_sequence()), b.push_back(eager.new_sequence()), c.push_back(eager.new_sequence());
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    graphs.step(Stack::Main, {{&a.back(), prompt.data(), n, Rows::None, nullptr, nullptr, nullptr}});
+    eager.step(Stack::Main, {{&b.back(), prompt.data(), n, Rows::None, nullptr, nullptr, nullptr}});
+    eager.step(Stack::Main, {{&c.back(), prompt.data(), n, Rows::Last, scratch.data(), nullptr, nullptr}});
+  }
+  // Per sequence: greedy, temperature + top-k, temperature + top-p + min-p.
+  const SampleRow kinds[kSeqs] = {{0.0, 0, 0.0f, 1.0f, 0.0f}, {0.0, 50, 0.8f, 1.0f, 0.0f}, {0.0, 0, 1.5f, 0.9f, 0.01f}};
+  // Each step: its sequences and its tail (0 sampled, 1 greedy ids, 2 logits).
+  struct Plan {
+    std::vector<int> seqs;
+    int tail;
+  };
+  const std::vector<Plan> schedule = {{{0, 1, 2}, 0}, {{0, 1, 2}, 0}, {{0, 1, 2}, 1}, {{0, 1, 2}, 0}, {{1}, 0}, {{2}, 0},
+                                      {{0, 1, 2}, 2}, {{2, 0, 1}, 0}, {{1}, 1},       {{1}, 0},       {{0, 1, 2}, 0}};
+#if defined(DSV4_CUDA_EMU)
+  emu::reset_stats();
+#endif
+  int64_t sampled = 0, not_argmax = 0;
+  for (size_t step = 0; step < schedule.size(); ++step) {
+    const Plan& p = schedule[step];
+    const size_t n = p.seqs.size();
+    std::vector<int32_t> x(n), got(n, -1), eager_ids(n, -1);
+    std::vector<SampleRow> rows(n);
+    std::vector<float> got_logits(n * static_cast<size_t>(V)), want(n * static_cast<size_t>(V));
+    std::vector<SeqInput> ga, eb, ec;
+    for (size_t k = 0; k < n; ++k) {
+      const int i = p.seqs[k];
+      x[k] = tok(g);
+      rows[k] = kinds[i];
+      rows[k].u = step % 4 == 1 && k == 0 ? 0.0 : step % 4 == 3 && k == 0 ? 0.9999999999 : uni(g);  // the edges too
+      const SampleRow* smp = p.tail == 0 ? &rows[k] : nullptr;
+      float* lo = p.tail == 2 ? got_logits.data() + k * V : nullptr;
+      ga.push_back({&a[i], &x[k], 1, Rows::Last, lo, nullptr, nullptr, p.tail == 2 ? nullptr : &got[k], smp});
+      eb.push_back({&b[i], &x[k], 1, Rows::Last, nullptr, nullptr, nullptr, &eager_ids[k], smp});
+      ec.push_back({&c[i], &x[k], 1, Rows::Last, want.data() + k * V, nullptr, nullptr});
+    }
+    graphs.step(Stack::Main, ga);
+    eager.step(Stack::Main, eb);
+    eager.step(Stack::Main, ec);
+    for (size_t k = 0; k < n; ++k) {
+      const float* l = want.data() + k * V;
+      const int32_t argmax = static_cast<int32_t>(std::max_element(l, l + V) - l);
+      const int32_t cpu = p.tail == 0 ? sample_logits(l, V, rows[k]) : argmax;
+      SCOPED_TRACE("step " + std::to_string(step) + ", sequence " + std::to_string(p.seqs[k]) + ", tail " + std::to_string(p.tail));
+      if (p.tail == 2) {
+        EXPECT_EQ(std::vector<float>(got_logits.begin() + k * V, got_logits.begin() + (k + 1) * V), std::vector<float>(l, l + V));
+        continue;
+      }
+      EXPECT_EQ(eager_ids[k], cpu);
+      EXPECT_EQ(got[k], cpu);
+      if (p.tail == 0 && rows[k].temperature > 0) ++sampled, not_argmax += cpu != argmax;
+    }
+  }
+  // The sampled rows are not greedy picks in disguise (else an argmax tail would pass).
+  EXPECT_GT(not_argmax * 3, sampled) << not_argmax << " of " << sampled << " sampled picks are not the argmax";
+#if defined(DSV4_CUDA_EMU)
+  // One launch per graph step; a capture per (bucket, tail) seen: (4, sampled), (4, ids),
+  // (1, sampled), (4, logits), (1, ids).
+  const emu::Stats st = emu::stats();
+  EXPECT_EQ(st.graph_launches, schedule.size());
+  EXPECT_EQ(st.graph_captures, 5u);
 #endif
 }
 

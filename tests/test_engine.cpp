@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <random>
 
+#include "core/sampling.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 #include "engine/score.h"
 #include "test_util.h"
 #include "tools/logits.h"
@@ -71,6 +73,111 @@ TEST(EngineBatch, IdsOnlyAreTheArgmaxOfTheLogits) {
   next.ids_only = true;
   const std::vector<float> l = std::move(e.step({StepRequest{&t1, {a[0]}, Rows::Last}})[0].logits);
   EXPECT_EQ(e.step({next})[0].ids, std::vector<int32_t>{static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin())});
+}
+
+// StepRequest::sampler returns each logits row's token picked by the sampler (its next draws, in
+// row order) and no logits: the same ids a second Sampler with the same parameters picks from the
+// logits (Sampler::sample). Batches mix sampled rows (a prefill's every row, decode tokens),
+// greedy ids and logits rows: a batch with a logits row ends with the logits and picks on the
+// host; a batch of ids only ends with Backend::sample (greedy rows as temperature 0), and so
+// does a sampled sequence alone.
+TEST(EngineBatch, SamplerIdsEqualSamplerOnTheLogits) {
+  Engine e({.model_dir = golden_dir("tiny-native") + "/model"});
+  const int64_t V = e.info().vocab;
+  EXPECT_EQ(e.info().sample_candidates, V);  // the CPU sorts any number
+  std::vector<SamplingParams> params(4);
+  params[0].temperature = 1.0f;
+  params[1].temperature = 0.8f, params[1].top_k = 50;
+  params[2].temperature = 1.3f, params[2].top_p = 0.9f, params[2].min_p = 0.02f;
+  params[3].temperature = 2.0f, params[3].top_k = 7, params[3].top_p = 0.8f;
+  int64_t picks = 0, not_argmax = 0;
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    for (uint64_t seed : {uint64_t{1}, uint64_t{99}, uint64_t{12345}}) {
+      SCOPED_TRACE("params " + std::to_string(pi) + ", seed " + std::to_string(seed));
+      SamplingParams p = params[pi];
+      p.seed = seed;
+      Sampler sa(p), sb(p), ra(p), rb(p);  // sa / sb in the steps, ra / rb on the reference logits
+      std::mt19937 g(static_cast<uint32_t>(seed * 7 + pi));
+      const std::vector<int32_t> a = random_tokens(g, 6, V), b = random_tokens(g, 4, V), c = random_tokens(g, 5, V),
+                                 d = random_tokens(g, 3, V);
+      Sequence s1 = e.new_sequence(), s2 = e.new_sequence(), s3 = e.new_sequence(), s4 = e.new_sequence();
+      Sequence t1 = e.new_sequence(), t2 = e.new_sequence(), t3 = e.new_sequence(), t4 = e.new_sequence();
+      auto check = [&](const std::vector<int32_t>& got, const std::vector<float>& logits, Sampler& ref, const char* what) {
+        ASSERT_EQ(got.size() * static_cast<size_t>(V), logits.size()) << what;
+        for (size_t r = 0; r < got.size(); ++r) {
+          const float* row = logits.data() + r * V;
+          EXPECT_EQ(got[r], ref.sample(row, V, {})) << what << ", row " << r;
+          not_argmax += got[r] != std::max_element(row, row + V) - row;
+          ++picks;
+        }
+      };
+      auto argmax = [&](const std::vector<float>& l) {
+        std::vector<int32_t> ids;
+        for (size_t r = 0; r * V < l.size(); ++r) ids.push_back(static_cast<int32_t>(std::max_element(l.begin() + r * V, l.begin() + (r + 1) * V) - (l.begin() + r * V)));
+        return ids;
+      };
+      // 1. Prefill: s1 sampled at every row, s2 greedy ids, s3 logits, s4 sampled last row.
+      StepRequest r1{&s1, a, Rows::All}, r2{&s2, b, Rows::Last}, r3{&s3, c, Rows::Last}, r4{&s4, d, Rows::Last};
+      r1.sampler = &sa, r2.ids_only = true, r4.sampler = &sb;
+      std::vector<StepResult> out = e.step({r1, r2, r3, r4});
+      std::vector<float> l1 = std::move(e.step({StepRequest{&t1, a, Rows::All}})[0].logits);
+      std::vector<float> l2 = std::move(e.step({StepRequest{&t2, b, Rows::Last}})[0].logits);
+      std::vector<float> l3 = std::move(e.step({StepRequest{&t3, c, Rows::Last}})[0].logits);
+      std::vector<float> l4 = std::move(e.step({StepRequest{&t4, d, Rows::Last}})[0].logits);
+      EXPECT_TRUE(out[0].logits.empty());
+      check(out[0].ids, l1, ra, "prefill, all rows");
+      EXPECT_EQ(out[1].ids, argmax(l2));
+      EXPECT_EQ(out[2].logits, l3);
+      check(out[3].ids, l4, rb, "prefill, last row");
+      // 2. Decode steps of ids only (greedy s2 among sampled s1, s4): the sampled tail.
+      for (int i = 0; i < 3; ++i) {
+        const int32_t x = a[static_cast<size_t>(i)];
+        StepRequest d1{&s1, {x}, Rows::Last}, d2{&s2, {x}, Rows::Last}, d4{&s4, {x}, Rows::Last};
+        d1.sampler = &sa, d2.ids_only = true, d4.sampler = &sb;
+        out = e.step({d1, d2, d4});
+        std::vector<StepResult> ref = e.step({StepRequest{&t1, {x}, Rows::Last}, StepRequest{&t2, {x}, Rows::Last},
+                                               StepRequest{&t4, {x}, Rows::Last}});
+        check(out[0].ids, ref[0].logits, ra, "decode, ids batch");
+        EXPECT_EQ(out[1].ids, argmax(ref[1].logits));
+        check(out[2].ids, ref[2].logits, rb, "decode, ids batch");
+      }
+      // 3. A decode step of s1 sampled alone, then with s3 asking for logits.
+      StepRequest alone{&s1, {b[0]}, Rows::Last};
+      alone.sampler = &sa;
+      out = e.step({alone});
+      check(out[0].ids, e.step({StepRequest{&t1, {b[0]}, Rows::Last}})[0].logits, ra, "alone");
+      StepRequest m1{&s1, {b[1]}, Rows::Last};
+      m1.sampler = &sa;
+      out = e.step({m1, StepRequest{&s3, {b[1]}, Rows::Last}});
+      std::vector<StepResult> ref = e.step({StepRequest{&t1, {b[1]}, Rows::Last}, StepRequest{&t3, {b[1]}, Rows::Last}});
+      check(out[0].ids, ref[0].logits, ra, "with a logits row");
+      EXPECT_EQ(out[1].logits, ref[1].logits);
+    }
+  }
+  // The picks are not the argmax in disguise (else this test could not tell them apart).
+  EXPECT_GT(not_argmax * 4, picks) << not_argmax << " of " << picks << " picks differ from the argmax";
+}
+
+// A sampler with penalties (they need the history) or more candidates than the device sorts is
+// refused before the step: nothing changes and the sampler draws nothing.
+TEST(EngineBatch, SamplerWithPenaltiesIsRefused) {
+  Engine e({.model_dir = golden_dir("tiny-native") + "/model"});
+  SamplingParams p;
+  p.temperature = 1.0f, p.seed = 5;
+  for (int which = 0; which < 3; ++which) {
+    SamplingParams q = p;
+    if (which == 0) q.repetition_penalty = 1.1f;
+    if (which == 1) q.presence_penalty = 0.5f;
+    if (which == 2) q.frequency_penalty = 0.5f;
+    Sampler s(q), fresh(q);
+    Sequence a = e.new_sequence();
+    StepRequest r{&a, {3, 4}, Rows::Last};
+    r.sampler = &s;
+    EXPECT_THROW(e.step({r}), Error) << which;
+    EXPECT_EQ(a.pos(), 0);
+    EXPECT_FALSE(a.broken());
+    EXPECT_EQ(s.row().u, fresh.row().u) << "the refused step drew";
+  }
 }
 
 // Each golden case scored inside a batch with other sequences of other lengths and schedules

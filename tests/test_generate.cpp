@@ -110,6 +110,37 @@ TEST_F(Generate, StopStringCutsTextAndStreamHoldsItBack) {
   EXPECT_EQ(streamed, s.text);
 }
 
+// Temperature 0 with a penalty is not plain greedy: every token is the penalised argmax (what the
+// Sampler picks from the step's logits and the history), not the argmax of the logits. Each
+// penalty on its own (the frequency penalty alone used to take the ids-only path and be skipped).
+TEST_F(Generate, GreedyWithPenaltiesAppliesThem) {
+  const int64_t V = model_->info().vocab;
+  for (int which = 0; which < 3; ++which) {
+    SCOPED_TRACE("penalty " + std::to_string(which));
+    GenerateOptions o;
+    o.max_new_tokens = 16;
+    o.stop_tokens = {};
+    if (which == 0) o.sampling.frequency_penalty = 4.0f;
+    if (which == 1) o.sampling.presence_penalty = 4.0f;
+    if (which == 2) o.sampling.repetition_penalty = 3.0f;
+    GenerateResult r = gen(prompt_, o);
+    ASSERT_GT(r.tokens.size(), 1u);
+    std::vector<int32_t> all = prompt_;
+    all.insert(all.end(), r.tokens.begin(), r.tokens.end());
+    std::vector<float> logits = score_tokens(*model_, all, static_cast<int64_t>(prompt_.size()), 0);
+    Sampler ref(o.sampling);
+    std::vector<int32_t> history = prompt_;
+    int64_t moved = 0;  // tokens the penalty moved off the argmax
+    for (size_t i = 0; i < r.tokens.size(); ++i) {
+      const float* row = logits.data() + (prompt_.size() - 1 + i) * V;
+      EXPECT_EQ(r.tokens[i], ref.sample(row, V, history)) << "token " << i;
+      moved += r.tokens[i] != std::max_element(row, row + V) - row;
+      history.push_back(r.tokens[i]);
+    }
+    EXPECT_GT(moved, 0) << "the penalty changed no token: the check above could not fail";
+  }
+}
+
 TEST_F(Generate, SeededSamplingIsDeterministic) {
   GenerateOptions o;
   o.max_new_tokens = 20;

@@ -10,8 +10,10 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/sysmem.h"
+#include "core/sampling.h"
 #include "core/threads.h"
 #include "engine/lockstep.h"
+#include "engine/sampler.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/qmatmul.h"
 #include "model/forward.h"
@@ -292,6 +294,7 @@ Engine::Engine(const EngineOptions& o) {
   if (o.device != Device::Cpu) budget_->limit = 0;  // device caches are sized at load
   if (lockstep_ && !lockstep_->leader) budget_->limit = 0;  // the leader decides every reservation
   info_.memory_budget = budget_->limit;
+  info_.sample_candidates = model_ ? model_->backend().sample_max_candidates(info_.vocab) : 0;
 }
 
 size_t Engine::sequence_bytes(int64_t positions, bool mtp) const {
@@ -509,6 +512,15 @@ void Engine::validate(const std::vector<StepRequest>& reqs) const {
     if (!seen.insert(r.seq).second) throw Error(where + ": the same sequence appears twice in one step");
     if (r.tokens.empty()) throw Error(where + ": no tokens");
     if (r.mtp_logits && !r.seq->mtp()) throw Error(where + ": MTP logits asked of a sequence made without SequenceOptions::mtp");
+    if (r.sampler) {
+      if (r.sampler->penalised())
+        throw Error(where + ": a step cannot apply sampling penalties (they need the sequence's history): sample from the logits");
+      const SamplingParams& p = r.sampler->params();
+      const int64_t cand = p.top_k > 0 && p.top_k < info_.vocab ? p.top_k : info_.vocab;
+      if (cand > info_.sample_candidates)
+        throw Error(where + ": sampling from " + std::to_string(cand) + " candidates; " + info_.device + " steps sample from at most " +
+                    std::to_string(info_.sample_candidates) + " (set top-k, or sample from the logits)");
+    }
     for (size_t t = 0; t < r.tokens.size(); ++t)
       if (r.tokens[t] < 0 || r.tokens[t] >= info_.vocab)
         throw Error(where + ": token id " + std::to_string(r.tokens[t]) + " at index " + std::to_string(t) +
@@ -555,6 +567,7 @@ void Engine::run_step(const std::vector<StepRequest>& reqs, std::vector<StepResu
     if (q.mtp && q.st.mtp_pos > q.confirmed) model_->truncate(q.st, q.confirmed, Stack::Mtp);
   }
   std::vector<std::vector<float>> hid(reqs.size());  // MTP sequences: every row's final state
+  std::vector<std::vector<SampleRow>> pick(reqs.size());  // StepRequest::sampler rows
   std::vector<SeqInput> in;
   std::vector<int64_t> pos0(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -563,11 +576,16 @@ void Engine::run_step(const std::vector<StepRequest>& reqs, std::vector<StepResu
     pos0[i] = q.st.pos;
     const int64_t n = static_cast<int64_t>(r.tokens.size());
     const int64_t rows = r.logits == Rows::All ? n : r.logits == Rows::Last ? 1 : 0;
-    if (r.ids_only) out[i].ids.resize(static_cast<size_t>(rows));
+    const bool ids = r.ids_only || r.sampler;
+    if (ids) out[i].ids.resize(static_cast<size_t>(rows));
     else out[i].logits.resize(static_cast<size_t>(rows * V));
     if (r.hidden || q.mtp) hid[i].resize(static_cast<size_t>(n * Hs));
-    in.push_back({&q.st, r.tokens.data(), n, r.logits, r.ids_only ? nullptr : out[i].logits.data(),
-                  hid[i].empty() ? nullptr : hid[i].data(), nullptr, r.ids_only ? out[i].ids.data() : nullptr});
+    // The sampler's draws for this step's rows, now (they do not depend on the logits).
+    if (r.sampler)
+      for (int64_t k = 0; k < rows; ++k) pick[i].push_back(r.sampler->row());
+    in.push_back({&q.st, r.tokens.data(), n, r.logits, ids ? nullptr : out[i].logits.data(),
+                  hid[i].empty() ? nullptr : hid[i].data(), nullptr, ids ? out[i].ids.data() : nullptr,
+                  r.sampler ? pick[i].data() : nullptr});
   }
   model_->step(Stack::Main, in);
   for (size_t i = 0; i < reqs.size(); ++i) {

@@ -33,6 +33,7 @@
 namespace dsv4 {
 
 class Model;
+class Sampler;  // engine/sampler.h
 struct SequenceState;
 
 enum class Device { Cpu, Cuda };
@@ -79,6 +80,9 @@ struct ModelInfo {
   int world = 1, rank = 0;    // processes of a parallel run and this one's rank
   std::string parallel;       // "none" | "ep" | "tp" | "ep+tp"
   int64_t memory_budget = 0;  // bytes the sequences' caches may reserve together (0 = no limit)
+  // The most candidates (top-k, or the vocabulary when top-k is 0) a StepRequest::sampler may
+  // pick from: the vocabulary on cpu; on cuda min(vocabulary, 4096), the device sort's limit.
+  int64_t sample_candidates = 0;
 };
 
 // Tokens a truncate may drop without recomputing (speculative decoding rewinds every step).
@@ -154,11 +158,18 @@ struct StepRequest {
   // Return the greedy token of each logits row (StepResult::ids) instead of the logits: on cuda
   // only the ids leave the device.
   bool ids_only = false;
+  // Like ids_only, but each logits row's token is this sampler's next pick (Sampler::row: one
+  // draw per non-greedy row, in row order; the same token Sampler::sample would pick from the
+  // row's logits). On cuda the pick runs on the device and only the ids come back. Checked before
+  // the step: the sampler has no penalties (they need the history: sample from the logits
+  // instead) and at most ModelInfo::sample_candidates candidates. Not owned; not sent to the
+  // followers of a parallel run (the leader picks).
+  Sampler* sampler = nullptr;
 };
 
 struct StepResult {
   std::vector<float> logits;      // [rows, vocab] (empty with StepRequest::ids_only)
-  std::vector<int32_t> ids;       // [rows] with StepRequest::ids_only: the first largest logit's index
+  std::vector<int32_t> ids;       // [rows] with ids_only: the first largest logit's index; with sampler: its picks
   std::vector<float> hidden;      // [n, hc*dim] when asked
   // MTP sequences, when asked: the block's logits for positions [mtp_first, mtp_first + rows),
   // row t = the block at position t given token t+1, predicting token t+2.

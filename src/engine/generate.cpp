@@ -110,18 +110,26 @@ GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& promp
   };
   int32_t id = opt.max_new_tokens > 0 ? sampler.sample(logits.data(), V, history) : 0;
   bool go = opt.max_new_tokens > 0 && take(id, s.seq.pos());
-  // Plain greedy needs only the argmax: on cuda just the token id comes back.
+  // Plain greedy needs only the argmax: just the token id comes back (on cuda; on the CPU it
+  // saves the copy). Any penalty needs the logits and the history, so it is never plain.
+  // Sampling without penalties runs inside the step on cuda when the kernel takes its
+  // candidates (StepRequest::sampler; ModelInfo::sample_candidates), again only the id coming
+  // back; the CPU picks from the logits (the same sample_logits either way).
   const SamplingParams& sp = opt.sampling;
-  const bool greedy = sp.temperature == 0.0f && sp.repetition_penalty == 1.0f && sp.presence_penalty == 0.0f;
+  const bool plain = !sampler.penalised();
+  const bool greedy = sp.temperature == 0.0f && plain;
+  const int64_t candidates = sp.top_k > 0 && sp.top_k < V ? sp.top_k : V;
+  const bool device_pick = !greedy && plain && info.device == "cuda" && candidates <= info.sample_candidates;
   while (go) {
     if (opt.draft == 0) {
       StepRequest req;
       req.seq = &s.seq;
       req.tokens = {id};
       req.ids_only = greedy;
+      req.sampler = device_pick ? &sampler : nullptr;
       StepResult out = std::move(e.step({req})[0]);
       ++r.steps;
-      id = greedy ? out.ids[0] : sampler.sample(out.logits.data(), V, history);
+      id = greedy || device_pick ? out.ids[0] : sampler.sample(out.logits.data(), V, history);
       go = take(id, s.seq.pos());
       continue;
     }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/sampling.h"
 #include "kv/state.h"
 #include "model/weights.h"
 
@@ -42,9 +43,14 @@ struct StepPlan {
   std::vector<int64_t> pos;      // [T] each row's position
   std::vector<StepSeq> seqs;     // disjoint row ranges covering [0, T), in row order
   const float* hidden = nullptr; // MTP: [T, hc*D] the main model's final hc state per row
-  // How the step ends: no head, logits(), or argmax() (greedy ids). A device backend that
-  // replays recorded steps tells them apart by it.
-  enum class Tail { None, Logits, Ids } tail = Tail::None;
+  // How the step ends: no head, logits(), argmax() (greedy ids) or sample() (each head row's
+  // token picked with its `sample` row). A device backend that replays recorded steps tells them
+  // apart by it.
+  enum class Tail { None, Logits, Ids, Sample } tail = Tail::None;
+  // Tail::Sample: one row per head row, in head-row order (a greedy row has temperature 0). In
+  // the plan, not in sample()'s arguments, so that a device uploads them with the step's token
+  // ids at begin() (the only per-step upload; the pick's random number is drawn beforehand).
+  std::vector<SampleRow> sample;
   // Whether some sequence reads its rows' final states (read_hidden, before the head): such a
   // step's device work ends there (the states are copied back) and the head runs after it.
   bool reads_hidden = false;
@@ -281,6 +287,18 @@ class Backend {
       out[r] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
     }
   }
+  // out (host, [n]) = each row's token picked from head(x[0..n)) with s.plan->sample[r]
+  // (core/sampling.h's sample_logits: what Sampler::sample does after the penalties). By default
+  // from logits(); a device backend runs the pick on the device and copies back only the ids.
+  virtual void sample(Step& s, int64_t n, int64_t vocab, int32_t* out) {
+    DSV4_CHECK(static_cast<int64_t>(s.plan->sample.size()) == n);
+    std::vector<float> l(static_cast<size_t>(n * vocab));
+    logits(s, n, l.data());
+    for (int64_t r = 0; r < n; ++r) out[r] = sample_logits(l.data() + r * vocab, vocab, s.plan->sample[static_cast<size_t>(r)]);
+  }
+  // The most candidates (top-k, or the vocabulary when top-k is 0) a Tail::Sample row may have:
+  // a device kernel sorts them in bounded memory (CUDA: topk_rows' 4096).
+  virtual int64_t sample_max_candidates(int64_t vocab) const { return vocab; }
   // The step's last call (Model::run): a backend that deferred work (a CUDA graph) runs it now.
   virtual void end(Step&) {}
 };

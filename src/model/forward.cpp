@@ -26,6 +26,7 @@ void Model::step(Stack stack, const std::vector<SeqInput>& in) const {
       const bool last = t0 + p.n == s.n;
       if (s.logits == Rows::All && s.logits_out) p.logits_out = s.logits_out + t0 * V;
       if (s.logits == Rows::All && s.argmax_out) p.argmax_out = s.argmax_out + t0;
+      if (s.logits == Rows::All && s.sample) p.sample = s.sample + t0;
       if (s.logits == Rows::Last && !last) p.logits = Rows::None;
       if (s.hidden_out) p.hidden_out = s.hidden_out + t0 * Hs;
       if (s.hidden_in) p.hidden_in = s.hidden_in + t0 * Hs;
@@ -73,6 +74,7 @@ bool pad_to_bucket(Backend& be, Stack stack, const std::vector<SeqInput>& in, in
     si.logits = Rows::Last;
     si.logits_out = ids_only ? nullptr : p.logits.data() + k * V;
     si.argmax_out = ids_only ? p.ids.data() + k : nullptr;
+    si.sample = nullptr;  // a greedy pick into scratch (it asked for no row: its sample has none)
     ++k;
   };
   p.inputs = in;
@@ -114,13 +116,28 @@ void Model::run(Stack stack, const std::vector<SeqInput>& given) const {
     if (stack == Stack::Mtp) hidden.insert(hidden.end(), s.hidden_in, s.hidden_in + s.n * Hs);
   }
   plan.hidden = stack == Stack::Mtp ? hidden.data() : nullptr;
-  // Only the greedy ids when no input wants the logits themselves.
-  bool any_rows = false, ids_only = true;
+  // Only the ids (greedy, or sampled when some row has sampling parameters) when no input wants
+  // the logits themselves. Under TP the head's rows are split across the ranks and gathered by
+  // Model::logits, which the followers (they run the leader's requests without knowing which
+  // want only ids) always call: the leader must too, so it picks its ids on the host.
+  bool any_rows = false, ids_only = true, sampled = false;
   for (const SeqInput& si : in) {
     any_rows = any_rows || si.logits != Rows::None;
     ids_only = ids_only && (si.logits == Rows::None || (!si.logits_out && si.argmax_out));
+    sampled = sampled || (si.logits != Rows::None && si.sample);
   }
-  plan.tail = !any_rows ? StepPlan::Tail::None : ids_only ? StepPlan::Tail::Ids : StepPlan::Tail::Logits;
+  const bool tp = shard() && shard()->tp;
+  plan.tail = !any_rows             ? StepPlan::Tail::None
+              : !ids_only || tp     ? StepPlan::Tail::Logits
+              : sampled             ? StepPlan::Tail::Sample
+                                    : StepPlan::Tail::Ids;
+  // The sampled tail's rows, in head-row order (a row without parameters is greedy), in the plan
+  // before begin(): a device uploads them with the token ids.
+  if (plan.tail == StepPlan::Tail::Sample)
+    for (const SeqInput& si : in) {
+      const int64_t k = si.logits == Rows::All ? si.n : si.logits == Rows::Last ? 1 : 0;
+      for (int64_t r = 0; r < k; ++r) plan.sample.push_back(si.sample ? si.sample[r] : SampleRow{});
+    }
   for (const SeqInput& si : in) plan.reads_hidden = plan.reads_hidden || si.hidden_out;
 
   // Host temporaries of the step (all of the CPU backend's activations) are given back here.
@@ -162,9 +179,10 @@ void Model::run(Stack stack, const std::vector<SeqInput>& given) const {
   const int64_t n = static_cast<int64_t>(rows.size()), V = c.vocab;
   be.hc_head(stack, s, rows);
   be.rmsnorm(s, {s.x, n, c.dim, stack == Stack::Main ? &w_->norm : &w_->mtp->norm, c.eps});  // the final norm
-  if (plan.tail == StepPlan::Tail::Ids) {
+  if (plan.tail == StepPlan::Tail::Ids || plan.tail == StepPlan::Tail::Sample) {
     std::vector<int32_t> ids(static_cast<size_t>(n));
-    be.argmax(s, n, V, ids.data());
+    if (plan.tail == StepPlan::Tail::Ids) be.argmax(s, n, V, ids.data());
+    else be.sample(s, n, V, ids.data());
     be.end(s);
     const int32_t* src = ids.data();
     for (const SeqInput& si : in) {
@@ -187,7 +205,8 @@ void Model::run(Stack stack, const std::vector<SeqInput>& given) const {
     const int64_t k = si.logits == Rows::All ? si.n : si.logits == Rows::Last ? 1 : 0;
     if (si.logits_out) std::copy(src, src + k * V, si.logits_out);
     for (int64_t r = 0; r < k && si.argmax_out; ++r)
-      si.argmax_out[r] = static_cast<int32_t>(std::max_element(src + r * V, src + (r + 1) * V) - (src + r * V));
+      si.argmax_out[r] = si.sample ? sample_logits(src + r * V, V, si.sample[r])
+                                   : static_cast<int32_t>(std::max_element(src + r * V, src + (r + 1) * V) - (src + r * V));
     src += k * V;
   }
 }

@@ -24,10 +24,14 @@ struct SeqInput {
   float* logits_out = nullptr;      // host [1 or n, vocab] per `logits`
   float* hidden_out = nullptr;      // host [n, hc*D], the final hc state per row (main only), or null
   const float* hidden_in = nullptr; // MTP: host [n, hc*D], the main model's final hc state per row
-  // Host [1 or n] per `logits`: the greedy token (first largest logit) of each logits row. With
-  // logits_out null the logits stay in backend memory (Backend::argmax: a device copies back
-  // only the ids).
+  // Host [1 or n] per `logits`: the greedy token (first largest logit) of each logits row, or
+  // with `sample` that row's sampled token. With logits_out null the logits stay in backend
+  // memory (Backend::argmax / Backend::sample: a device copies back only the ids).
   int32_t* argmax_out = nullptr;
+  // Host [1 or n] per `logits`, with argmax_out: each logits row's sampling parameters and drawn
+  // number (Sampler::row): argmax_out gets sample_logits(row, sample[r]) instead of the argmax.
+  // Each row's candidates must fit Backend::sample_max_candidates (the engine checks).
+  const SampleRow* sample = nullptr;
 };
 
 class Model {

@@ -30,9 +30,11 @@ DeviceBuffer ints(int64_t n) { return DeviceBuffer(static_cast<size_t>(std::max<
 DeviceBuffer bytes(int64_t n) { return DeviceBuffer(static_cast<size_t>(std::max<int64_t>(n, 1))); }
 
 // A step's upload of T rows: token ids [T] and positions [T] (int32), then the sequence table
-// [T] (pointers, at 8 * T bytes: aligned).
+// [T] (pointers, at 8 * T bytes: aligned), then a sampled step's rows (StepPlan::sample, at most
+// one per row; 32-byte SampleRows at 16 * T bytes: aligned for their doubles).
 constexpr size_t table_offset(int64_t T) { return static_cast<size_t>(T) * 2 * sizeof(int32_t); }
-constexpr size_t step_in_bytes(int64_t T) { return table_offset(T) + static_cast<size_t>(T) * sizeof(void*); }
+constexpr size_t sample_offset(int64_t T) { return table_offset(T) + static_cast<size_t>(T) * sizeof(void*); }
+constexpr size_t step_in_bytes(int64_t T) { return sample_offset(T) + static_cast<size_t>(T) * sizeof(SampleRow); }
 
 template <class T>
 DeviceBuffer upload(const std::vector<T>& v, const char* what) {
@@ -172,6 +174,8 @@ class CudaBackend final : public Backend {
   void hc_head(Stack stack, Step& s, const std::vector<int64_t>& rows) override;
   void logits(Step& s, int64_t n, float* out) override;
   void argmax(Step& s, int64_t n, int64_t vocab, int32_t* out) override;
+  void sample(Step& s, int64_t n, int64_t vocab, int32_t* out) override;
+  int64_t sample_max_candidates(int64_t vocab) const override { return gpu::sample_max_candidates(vocab); }
 
  private:
   CudaSequence& sequence(SequenceState& st) const;
@@ -222,13 +226,17 @@ class CudaBackend final : public Backend {
   // Tmp (ca / cs: the KV compressor's rows, ia / is: the indexer compressor's), kernel scratch.
   struct Workspace {
     // The step's upload, laid out for its T rows as the staging buffer: token ids [T], positions
-    // [T], then (graph steps) the sequence table [T seqs] of descriptor addresses.
+    // [T], then (graph steps) the sequence table [T seqs] of descriptor addresses, then (sampled
+    // steps) the SampleRows.
     DeviceBuffer in;
     DeviceBuffer X, x, post, comb, f, mixes;
     DeviceBuffer qr, q, kv, chunk_kv, o, z, ca, cs, ia, is, qi, wi, scores, sel, sel_n, n_vis;
     DeviceBuffer glog, ids, wts, idx, roww, xs, g, u, y;
     DeviceBuffer sg, su, sy;  // routed_experts: per (row, slot) [kMaxRows * n_active, I or D]
     DeviceBuffer logits;
+    // sample(): each head row's candidates (ids best first, count) and their probabilities, for
+    // up to chunk_ rows of sample_max_candidates(vocab); the picked ids.
+    DeviceBuffer cand, cand_n, prob, picked;
     DeviceBuffer hid, bcast;  // MTP steps: the main model's final states [chunk_ * hc, D]; r / hc for r < chunk_ * hc
   } ws_;
   gpu::PinnedBuffer stage_;  // the step's upload (Workspace::in's layout), copied at begin
@@ -236,6 +244,7 @@ class CudaBackend final : public Backend {
   int32_t* tokens_d_ = nullptr;
   int32_t* pos_d_ = nullptr;
   const void* const* const* seqs_d_ = nullptr;
+  const SampleRow* sample_d_ = nullptr;
   std::optional<SequenceState> pad_;  // padding_sequence(), made on first use
   gpu::PinnedBuffer hid_stage_;  // MTP steps: StepPlan::hidden [chunk_ * hc * D], uploaded at begin
 
@@ -330,6 +339,11 @@ CudaBackend::CudaBackend(const ModelWeights& w, const CudaOptions& o) : w_(w), c
   ws_.sy = floats(StepGraphs::kMaxRows * k * D);
   stage_ = gpu::PinnedBuffer(step_in_bytes(C));
   ws_.logits = floats(C * c.vocab);
+  const int64_t K = gpu::sample_max_candidates(c.vocab);
+  ws_.cand = ints(C * K);
+  ws_.cand_n = ints(C);
+  ws_.prob = bytes(C * K * static_cast<int64_t>(sizeof(double)));
+  ws_.picked = ints(C);
   if (w.mtp) {
     ws_.hid = floats(C * hc * D);
     hid_stage_ = gpu::PinnedBuffer(static_cast<size_t>(C * hc * D) * sizeof(float));
@@ -503,6 +517,14 @@ Backend::Step CudaBackend::begin(const StepPlan& plan) {
   ops_ = 0;
   const int64_t T = plan.T();
   DSV4_CHECK(T <= chunk_);  // max_rows()
+  // sample_rows trusts its rows (device data): a row with more candidates than topk_rows sorts
+  // would pick from a truncated list, so it is refused here, before anything runs.
+  DSV4_CHECK(plan.tail != StepPlan::Tail::Sample || static_cast<int64_t>(plan.sample.size()) <= T);
+  for (const SampleRow& r : plan.sample)
+    if (sample_candidates(r, c_.vocab) > gpu::sample_max_candidates(c_.vocab))
+      throw Error("cuda backend: a sampled row has " + std::to_string(sample_candidates(r, c_.vocab)) +
+                  " candidates; device sampling takes at most " + std::to_string(gpu::sample_max_candidates(c_.vocab)) +
+                  " (top-k)");
   bool decode = use_graphs_ && T <= StepGraphs::kMaxRows;
   // The graph of a step depends on its shape, never on its sequences (their buffers are read
   // through the sequence table): T, and what ops it calls — a logits step and an ids step, a
@@ -530,13 +552,20 @@ Backend::Step CudaBackend::begin(const StepPlan& plan) {
   if (decode) {
     const void** table = reinterpret_cast<const void**>(stage + table_offset(T));
     for (size_t i = 0; i < plan.seqs.size(); ++i) table[i] = sequence(*plan.seqs[i].st).desc.get();
-    upload = step_in_bytes(T);
+    upload = sample_offset(T);
+  }
+  if (plan.tail == StepPlan::Tail::Sample) {
+    // The sampling parameters and drawn numbers ride with the token ids: sample_rows reads them
+    // from the device, so a replayed graph picks with this step's values.
+    std::copy(plan.sample.begin(), plan.sample.end(), reinterpret_cast<SampleRow*>(stage + sample_offset(T)));
+    upload = sample_offset(T) + plan.sample.size() * sizeof(SampleRow);
   }
   gpu::copy_async(ws_.in.get(), stage, upload, stream_);
   uint8_t* in = ws_.in.as<uint8_t>();
   tokens_d_ = reinterpret_cast<int32_t*>(in);
   pos_d_ = tokens_d_ + T;
   seqs_d_ = reinterpret_cast<const void* const* const*>(in + table_offset(T));
+  sample_d_ = reinterpret_cast<const SampleRow*>(in + sample_offset(T));
   if (mtp) {
     const size_t n = static_cast<size_t>(T * c_.hc * c_.dim);
     std::copy(plan.hidden, plan.hidden + n, hid_stage_.as<float>());
@@ -823,6 +852,20 @@ void CudaBackend::argmax(Step& s, int64_t n, int64_t vocab, int32_t* out) {
   flush();
   wait();
   ws_.idx.download(out, static_cast<size_t>(n) * sizeof(int32_t));
+}
+
+// The head and sample_rows on the device (in the step's graph, the rows' parameters read from the
+// step's upload); only n ids come back.
+void CudaBackend::sample(Step& s, int64_t n, int64_t vocab, int32_t* out) {
+  DSV4_CHECK(vocab == c_.vocab && static_cast<int64_t>(s.plan->sample.size()) == n);
+  if (!replaying()) {
+    gpu::qmatmul(dev_.weight(w_.head), s.x, n, ws_.logits.as<float>(), stream_);
+    gpu::sample_rows(ws_.logits.as<float>(), n, vocab, vocab, sample_d_, ws_.cand.as<int32_t>(), ws_.cand_n.as<int32_t>(),
+                     ws_.prob.as<double>(), ws_.picked.as<int32_t>(), stream_);
+  }
+  flush();
+  wait();
+  ws_.picked.download(out, static_cast<size_t>(n) * sizeof(int32_t));
 }
 
 // The smallest bucket (1, 2, 4, 8, 16) that holds n decode rows, when steps are graphs.

@@ -3,21 +3,23 @@
 // rows are one decode token per sequence (T = the batch, T <= kMaxRows) runs as one CUDA graph:
 // the first such step of a batch is captured (every op of Model::step enqueued on the backend's
 // stream between begin() and logits() is recorded instead of run) and launched; later steps of
-// the same batch upload their per-step values (token ids, positions) and launch the graph
-// again, and the backend's ops return at once. The kernels read everything that changes per step
-// from device memory (positions, and what the kernels derive from them: window slots, visible
-// entries, closing blocks; top-k counts; the MoE routing), so a replay computes exactly what an
-// eager step would.
+// the same batch upload their per-step values (token ids, positions, sampling rows) and launch
+// the graph again, and the backend's ops return at once. The kernels read everything that
+// changes per step from device memory (positions, and what the kernels derive from them: window
+// slots, visible entries, closing blocks; top-k counts; the MoE routing; the sampling rows), so
+// a replay computes exactly what an eager step would.
 //
 // A graph serves any sequences: the per-sequence kernels (compressor, indexer, attention, window
 // ring) find each row's caches through the step's sequence table (gpu::SeqRef: the per-step
 // upload carries, with the token ids and positions, the address of each row's sequence
 // descriptor), never through addresses baked in at capture. So a graph is keyed by the step's
 // shape only: T, the stack (main layers or the MTP block: other ops), whether the step reads its
-// final states (StepPlan::reads_hidden: the graph ends there) and its tail (logits, greedy ids or
-// none: StepPlan::tail). Model pads a decode batch to the next bucket (Backend::decode_bucket:
-// 1, 2, 4, 8, 16) with rows of a scratch sequence, so a server whose batch changes every step
-// (continuous batching) replays one graph per bucket instead of capturing a new one per batch.
+// final states (StepPlan::reads_hidden: the graph ends there) and its tail (logits, greedy ids,
+// sampled ids or none: StepPlan::tail; a sampled step's per-row parameters and drawn numbers ride
+// in the per-step upload, so they are not part of the key). Model pads a decode batch to the
+// next bucket (Backend::decode_bucket: 1, 2, 4, 8, 16) with rows of a scratch sequence, so a
+// server whose batch changes every step (continuous batching) replays one graph per bucket
+// instead of capturing a new one per batch.
 // Forks, truncates and new sequences need nothing here. At most kMaxGraphs are kept (least
 // recently used dropped).
 #include <algorithm>
