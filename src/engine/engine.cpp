@@ -515,8 +515,7 @@ void Engine::validate(const std::vector<StepRequest>& reqs) const {
     if (r.sampler) {
       if (r.sampler->penalised())
         throw Error(where + ": a step cannot apply sampling penalties (they need the sequence's history): sample from the logits");
-      const SamplingParams& p = r.sampler->params();
-      const int64_t cand = p.top_k > 0 && p.top_k < info_.vocab ? p.top_k : info_.vocab;
+      const int64_t cand = r.sampler->candidates(info_.vocab);
       if (cand > info_.sample_candidates)
         throw Error(where + ": sampling from " + std::to_string(cand) + " candidates; " + info_.device + " steps sample from at most " +
                     std::to_string(info_.sample_candidates) + " (set top-k, or sample from the logits)");

@@ -118,8 +118,7 @@ GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& promp
   const SamplingParams& sp = opt.sampling;
   const bool plain = !sampler.penalised();
   const bool greedy = sp.temperature == 0.0f && plain;
-  const int64_t candidates = sp.top_k > 0 && sp.top_k < V ? sp.top_k : V;
-  const bool device_pick = !greedy && plain && info.device == "cuda" && candidates <= info.sample_candidates;
+  const bool device_pick = !greedy && plain && info.device == "cuda" && sampler.candidates(V) <= info.sample_candidates;
   while (go) {
     if (opt.draft == 0) {
       StepRequest req;

@@ -36,6 +36,8 @@ class Sampler {
   SampleRow row();
   // Whether the penalties change the logits (then the pick needs the history).
   bool penalised() const;
+  // How many tokens a pick chooses among over a vocabulary of V: top-k, or all V.
+  int64_t candidates(int64_t V) const { return p_.top_k > 0 && p_.top_k < V ? p_.top_k : V; }
 
  private:
   double uniform();  // [0, 1)

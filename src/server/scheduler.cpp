@@ -210,12 +210,25 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job) {
   return true;
 }
 
+// Whether choice c's next pick can run inside the step (StepRequest::sampler: on cuda on the
+// device, only the id coming back): no penalties (they need the history), candidates the
+// backend takes, and no log-probabilities asked (they need the logits).
+bool Scheduler::picks_in_step(const Active& a, const Choice& c) const {
+  const ModelInfo& info = engine_.info();
+  return a.job->params.top_logprobs < 0 && !c.sampler.penalised() && c.sampler.candidates(info.vocab) <= info.sample_candidates;
+}
+
 // Samples choice c's next token from its logits and sends what it releases.
 void Scheduler::emit(Active& a, Choice& c, const float* logits) {
+  emit_id(a, c, c.sampler.sample(logits, engine_.info().vocab, c.generated), logits);
+}
+
+// Sends what choice c's next token `id` releases; logits (for the log-probabilities) may be null
+// when none are asked.
+void Scheduler::emit_id(Active& a, Choice& c, int32_t id, const float* logits) {
   const GenParams& p = a.job->params;
   const ModelInfo& info = engine_.info();
   const int64_t V = info.vocab;
-  const int32_t id = c.sampler.sample(logits, V, c.generated);
   const auto now = Clock::now();
   if (c.generated.empty() && c.index == 0) {
     const double t = std::chrono::duration<double>(now - a.job->submitted_).count();
@@ -325,6 +338,7 @@ void Scheduler::step() {
       for (auto& c : a->choices)
         if (!c->done) {
           reqs.push_back({&c->seq, {c->next}, Rows::Last});
+          if (picks_in_step(*a, *c)) reqs.back().sampler = &c->sampler;
           slots.push_back({a.get(), c.get(), false});
         }
   int64_t budget = prefill_budget(opt_, static_cast<int64_t>(reqs.size()));
@@ -384,7 +398,11 @@ void Scheduler::step() {
       for (auto& c : a.choices) emit(a, *c, out[i].logits.data());
       continue;
     }
-    emit(a, *slots[i].c, out[i].logits.data());
+    if (reqs[i].sampler) {
+      emit_id(a, *slots[i].c, out[i].ids.at(0), nullptr);
+    } else {
+      emit(a, *slots[i].c, out[i].logits.data());
+    }
   }
   for (auto& a : active_)
     if (!a->gone && a->prefilled &&

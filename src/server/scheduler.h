@@ -146,7 +146,9 @@ class Scheduler {
   void step();
   void finish_choice(Active& a, Choice& c, const std::string& reason);
   void retire(Active& a);
+  bool picks_in_step(const Active& a, const Choice& c) const;
   void emit(Active& a, Choice& c, const float* logits);
+  void emit_id(Active& a, Choice& c, int32_t id, const float* logits);
 
   Engine& engine_;
   const SchedulerOptions opt_;

@@ -92,6 +92,20 @@ test('n = 3: three choices from one prefill, each == a single request with its s
   }
 });
 
+// Without log-probabilities a decode pick runs inside the engine's step (StepRequest::sampler: on
+// cuda on the device); with them it is made from the logits. Both must pick the same tokens.
+test('a pick inside the step == a pick from the logits (logprobs asked)', async () => {
+  for (const extra of [{ seed: 11 }, { seed: 12, top_k: 40, top_p: 0.9 }, { temperature: 0 }]) {
+    const r = chat('Name a river. '.repeat(3), { max_tokens: 16, ...extra });
+    const inStep = await client.chat.completions.create(r);
+    const fromLogits = await client.chat.completions.create({ ...r, logprobs: true });
+    assert.ok(fromLogits.choices[0].logprobs.content.length > 1, 'log-probabilities came back');
+    assert.strictEqual(inStep.choices[0].message.content, fromLogits.choices[0].message.content, JSON.stringify(extra));
+    assert.strictEqual(inStep.choices[0].message.reasoning_content, fromLogits.choices[0].message.reasoning_content,
+      JSON.stringify(extra));
+  }
+});
+
 test('a repeated multi-turn conversation hits the prefix cache with identical output', async () => {
   const first = chat('Remember the number 42.', { temperature: 0, max_tokens: 10 });
   const r1 = await client.chat.completions.create(first);
