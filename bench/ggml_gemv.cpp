@@ -13,7 +13,7 @@
 // tree built with ggml's default CMake options. Weight bytes are random but valid (moderate
 // scales, no NaN / inf); GB/s are of ggml_nbytes of the weights.
 //
-// Usage: ggml_gemv --type mxfp4|q8_0|bf16 --shape ROWSxCOLS [--gib G] [--reps N] [--threads N]
+// Usage: ggml_gemv --type mxfp4|nvfp4|q8_0|bf16 --shape ROWSxCOLS [--gib G] [--reps N] [--threads N]
 //                  [--no-extra]
 // Prints one line: "ggml_gemv type=... shape=RxC mats=N MiB=... buft=NAME best=GB/s median=GB/s worst=GB/s"
 #include <algorithm>
@@ -45,7 +45,8 @@ uint64_t xorshift(uint64_t& s) {
 }
 
 // Random bytes made into valid, moderate values of the type (per the block layouts in
-// ggml-common.h: block_mxfp4 = {uint8 e (E8M0); 16 bytes of nibbles}, block_q8_0 = {fp16 d; 32 int8}).
+// ggml-common.h: block_mxfp4 = {uint8 e (E8M0); 16 bytes of nibbles}, block_q8_0 = {fp16 d; 32 int8},
+// block_nvfp4 = {4 UE4M3 scales, one per 16 values; 32 bytes of nibbles}).
 void fill(ggml_type t, uint8_t* p, size_t n, uint64_t seed) {
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
   for (size_t i = 0; i < n; i += 8) {
@@ -54,6 +55,10 @@ void fill(ggml_type t, uint8_t* p, size_t n, uint64_t seed) {
   }
   if (t == GGML_TYPE_MXFP4) {
     for (size_t b = 0, i = 0; i + 17 <= n; i += 17, ++b) p[i] = static_cast<uint8_t>(120 + (b * 7) % 10);
+  } else if (t == GGML_TYPE_NVFP4) {
+    // Scales 0x30-0x3F: E4M3 0.125 .. 0.234, as qmatmul_bench's NVFP4 (never NaN, never zero).
+    for (size_t b = 0, i = 0; i + 36 <= n; i += 36, ++b)
+      for (int k = 0; k < 4; ++k) p[i + k] = static_cast<uint8_t>(0x30 + (b * 4 + k) % 16);
   } else if (t == GGML_TYPE_Q8_0) {
     ggml_fp16_t d[8];
     for (int k = 0; k < 8; ++k) d[k] = ggml_fp32_to_fp16(0.002f * static_cast<float>(k + 1));
@@ -98,9 +103,10 @@ int main(int argc, char** argv) {
   ggml_type type = GGML_TYPE_COUNT;
   if (type_arg == "mxfp4") type = GGML_TYPE_MXFP4;
   if (type_arg == "q8_0") type = GGML_TYPE_Q8_0;
+  if (type_arg == "nvfp4") type = GGML_TYPE_NVFP4;
   if (type_arg == "bf16") type = GGML_TYPE_BF16;
   if (type == GGML_TYPE_COUNT || rows <= 0 || cols <= 0 || cols % 32 != 0 || reps < 1 || threads < 1) {
-    std::fprintf(stderr, "usage: %s --type mxfp4|q8_0|bf16 --shape ROWSxCOLS (COLS a multiple of 32) [--gib G] "
+    std::fprintf(stderr, "usage: %s --type mxfp4|nvfp4|q8_0|bf16 --shape ROWSxCOLS (COLS a multiple of 32) [--gib G] "
                  "[--reps N] [--threads N] [--no-extra]\n", argv[0]);
     return 2;
   }

@@ -72,6 +72,7 @@ fi
 SHAPES=(
   "4096x2048 MXFP4 mxfp4"
   "2048x4096 MXFP4 mxfp4"
+  "2048x4096 NVFP4 nvfp4"
   "4096x4096 FP8Block q8_0"
   "1024x4096 FP8Block q8_0"
   "129280x4096 BF16 bf16"
