@@ -8,6 +8,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "model/forward.h"
+#include "test_cuda_model.h"
 #include "test_cuda_util.h"
 #include "test_util.h"
 #if defined(DSV4_CUDA_EMU)
@@ -20,13 +21,6 @@ using namespace dsv4::testing;
 namespace {
 
 class CudaBucket : public GpuTest {};
-
-Model cuda_model(int64_t context, bool graphs) {
-  CudaOptions o;
-  o.context = context;
-  o.graphs = graphs;
-  return Model(load_model(golden_dir("tiny-native") + "/model"), [&](const ModelWeights& w) { return make_cuda_backend(w, o); });
-}
 
 #if defined(DSV4_CUDA_EMU)
 struct Counts {
@@ -49,7 +43,7 @@ struct Plan {
 }  // namespace
 
 TEST_F(CudaBucket, ChangingMembershipReplaysOneGraphPerBucket) {
-  const Model graphs = cuda_model(64, true), eager = cuda_model(64, false);
+  const Model graphs = cuda_model({.context = 64, .graphs = true}), eager = cuda_model({.context = 64, .graphs = false});
   const int64_t V = graphs.config().vocab;
   constexpr int kSeqs = 5;
   // Buckets 4 (batches of 3 and 4), 1 and 2; an ids step of each of buckets 4 and 2; a step where

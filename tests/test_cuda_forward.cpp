@@ -11,6 +11,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "model/forward.h"
+#include "test_cuda_model.h"
 #include "test_cuda_util.h"
 #include "test_util.h"
 #include "tools/logits.h"
@@ -23,14 +24,9 @@ namespace {
 class CudaForward : public GpuTest {};
 
 // context: positions a sequence may hold; max_chunk: the workspace (longer chunks go in pieces).
-Model cuda_model(const std::string& dir, int64_t context, int64_t max_chunk = 512) {
-  CudaOptions o;
-  o.context = context;
-  o.max_chunk = max_chunk;
-  return Model(load_model(dir), [&](const ModelWeights& w) { return make_cuda_backend(w, o); });
+Model cuda_model_of(const std::string& dir, int64_t context, int64_t max_chunk = 512) {
+  return cuda_model({.context = context, .max_chunk = max_chunk}, dir);
 }
-
-Model cpu_model_of(const std::string& dir) { return Model(load_model(dir), make_cpu_backend); }
 
 // score_tokens (engine/score.h) on a Model: the first `prefill` tokens in chunks of `chunk`
 // (0 = one), the rest one at a time; all logits.
@@ -72,7 +68,7 @@ void run_golden_case(const std::string& name) {
   const NpyF32 want = read_npy_f32(dir + "/expected.npy");
   const int64_t T = static_cast<int64_t>(tokens.size()), prefill = cs["prefill"].get<int64_t>();
 
-  Model gpu_model = cuda_model(dir + "/model", T);
+  Model gpu_model = cuda_model_of(dir + "/model", T);
   ASSERT_STREQ(gpu_model.device(), "cuda");
   const int64_t V = gpu_model.config().vocab;
   ASSERT_EQ(want.shape, (std::vector<int64_t>{T, V}));
@@ -86,8 +82,8 @@ void run_golden_case(const std::string& name) {
   for (int64_t t = 0; t < T; ++t) agree += argmax(got.data() + t * V, V) == argmax(want.data.data() + t * V, V);
   const double pct = 100.0 * static_cast<double>(agree) / static_cast<double>(T);
 
-  Model cpu_model = cpu_model_of(dir + "/model");
-  const std::vector<float> cpu = score_tokens(cpu_model, tokens, prefill, 0);
+  Model cpu_m = cpu_model(dir + "/model");
+  const std::vector<float> cpu = score_tokens(cpu_m, tokens, prefill, 0);
   const double vs_cpu = max_rel(got, cpu, T, V);
   std::printf("[cuda golden %s] median rel L2 %.3g, max %.3g, argmax %.1f%%; vs CPU backend max %.3g\n", name.c_str(), median,
               max, pct, vs_cpu);
@@ -112,7 +108,7 @@ TEST_F(CudaForward, ChunkSizesAgree) {
     ASSERT_FALSE(dir.empty());
     const std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
     const int64_t T = static_cast<int64_t>(tokens.size());
-    Model model = cuda_model(dir + "/model", T);
+    Model model = cuda_model_of(dir + "/model", T);
     const int64_t V = model.config().vocab;
     const std::vector<float> all = score_tokens(model, tokens, T, 0);
     for (int64_t chunk : {1, 3, 7}) {
@@ -129,7 +125,7 @@ TEST_F(CudaForward, WorkspacePiecesEqualOneShot) {
   const std::string dir = golden_dir("tiny-native");
   const std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
   const int64_t T = static_cast<int64_t>(tokens.size());
-  Model big = cuda_model(dir + "/model", T), small = cuda_model(dir + "/model", T, 8);
+  Model big = cuda_model_of(dir + "/model", T), small = cuda_model_of(dir + "/model", T, 8);
   const int64_t V = big.config().vocab;
   EXPECT_LE(max_rel(score_tokens(small, tokens, T, 0), score_tokens(big, tokens, T, 0), T, V), 1e-5);
   // Rows::Last of a split chunk is the last row of All.
@@ -144,7 +140,7 @@ TEST_F(CudaForward, WorkspacePiecesEqualOneShot) {
 TEST_F(CudaForward, SequencesDoNotLeak) {
   const std::string dir = golden_dir("tiny-native");
   const std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
-  Model model = cuda_model(dir + "/model", static_cast<int64_t>(tokens.size()));
+  Model model = cuda_model_of(dir + "/model", static_cast<int64_t>(tokens.size()));
   EXPECT_EQ(score_tokens(model, tokens, 40, 0), score_tokens(model, tokens, 40, 0));
 }
 
@@ -153,12 +149,12 @@ TEST_F(CudaForward, SequencesDoNotLeak) {
 TEST_F(CudaForward, ContextLimitAndForeignState) {
   const std::string dir = golden_dir("tiny-native");
   const std::vector<int32_t> tokens = read_tokens(dir + "/tokens.txt");
-  Model model = cuda_model(dir + "/model", 16);
+  Model model = cuda_model_of(dir + "/model", 16);
   SequenceState st = model.new_sequence();
   std::vector<float> logits(static_cast<size_t>(model.config().vocab));
   feed(model, st, tokens.data(), 16, logits.data(), Rows::Last);
   EXPECT_THROW(feed(model, st, tokens.data() + 16, 1, logits.data()), Error);
-  Model cpu = cpu_model_of(dir + "/model");
+  Model cpu = cpu_model(dir + "/model");
   SequenceState cpu_st = cpu.new_sequence();
   EXPECT_THROW(feed(model, cpu_st, tokens.data(), 1, logits.data()), Error);
 }

@@ -11,6 +11,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "model/forward.h"
+#include "test_cuda_model.h"
 #include "test_cuda_util.h"
 #include "test_util.h"
 #include "tools/logits.h"
@@ -26,15 +27,6 @@ namespace {
 class CudaGraph : public GpuTest {};
 
 constexpr int64_t kDecode = 200;  // decode steps: 12 window wraps, 50 ratio-4 and 12 ratio-16 blocks
-
-std::string tiny_dir() { return golden_dir("tiny-native") + "/model"; }
-
-Model cuda_model(int64_t context, bool graphs) {
-  CudaOptions o;
-  o.context = context;
-  o.graphs = graphs;
-  return Model(load_model(tiny_dir()), [&](const ModelWeights& w) { return make_cuda_backend(w, o); });
-}
 
 // Sequence i's tokens: a prompt of 5 + i tokens, then kDecode more (seeded random ids).
 std::vector<int32_t> tokens_of(int i, int64_t vocab) {
@@ -85,7 +77,7 @@ uint64_t graph_launches() {
 // The CPU backend's logits for each sequence alone, and the golden case's bound: the two backends
 // are each within the case's max of a float64 reference, so within twice that of each other.
 void expect_near_cpu(const std::vector<std::vector<int32_t>>& toks, const std::vector<std::vector<float>>& got) {
-  const Model cpu(load_model(tiny_dir()), make_cpu_backend);
+  const Model cpu = cpu_model();
   const double bound = 2 * read_json(golden_dir("tiny-native") + "/case.json")["pass"]["max_rel_l2"].get<double>();
   for (size_t b = 0; b < toks.size(); ++b) {
     const std::vector<float> want = run(cpu, {toks[b]})[0];
@@ -103,12 +95,12 @@ void expect_near_cpu(const std::vector<std::vector<int32_t>>& toks, const std::v
 // positions): each sequence's rows equal its batch-1 run bit for bit (sequence 0), and every
 // sequence is near the CPU.
 TEST_F(CudaGraph, ReplayEqualsEagerAndCpuAtBatch1And4) {
-  const Model graphs = cuda_model(256, true), eager = cuda_model(256, false);
+  const Model graphs = cuda_model({.context = 256, .graphs = true}), eager = cuda_model({.context = 256, .graphs = false});
   const int64_t V = graphs.config().vocab;
   std::vector<std::vector<int32_t>> toks;
   for (int i = 0; i < 4; ++i) toks.push_back(tokens_of(i, V));
 
-  const uint64_t g0 = graph_launches();
+  [[maybe_unused]] const uint64_t g0 = graph_launches();  // read only by the emulator's check
   const std::vector<float> replayed = run(graphs, {toks[0]})[0];
 #if defined(DSV4_CUDA_EMU)
   EXPECT_EQ(graph_launches() - g0, static_cast<uint64_t>(kDecode)) << "every decode step is one graph launch";
@@ -197,12 +189,12 @@ TEST_F(CudaGraph, AllocationInsideCapturedStepFails) {
   CudaOptions o;
   o.context = 64;
   PlantingBackend* planting = nullptr;
-  const Model m(load_model(tiny_dir()), [&](const ModelWeights& w) {
+  const Model m(load_model(tiny_model_dir()), [&](const ModelWeights& w) {
     auto b = std::make_unique<PlantingBackend>(make_cuda_backend(w, o));
     planting = b.get();
     return b;
   });
-  const Model eager = cuda_model(64, false);
+  const Model eager = cuda_model({.context = 64, .graphs = false});
   const int64_t V = m.config().vocab;
   const std::vector<int32_t> toks = tokens_of(0, V);
   SequenceState st = m.new_sequence(), ref = eager.new_sequence();
@@ -232,7 +224,7 @@ TEST_F(CudaGraph, AllocationInsideCapturedStepFails) {
 // per-expert lists (longer steps): 20 tokens as one prefill step == the same 20 as decode steps,
 // bit for bit (every other kernel is chunk-invariant bit for bit too).
 TEST_F(CudaGraph, DeviceRoutingEqualsHostLists) {
-  const Model eager = cuda_model(64, false);
+  const Model eager = cuda_model({.context = 64, .graphs = false});
   const int64_t V = eager.config().vocab, n = 20;
   const std::vector<int32_t> toks = tokens_of(0, V);
   std::vector<float> chunk(static_cast<size_t>(n * V)), steps(static_cast<size_t>(n * V));
@@ -247,7 +239,7 @@ TEST_F(CudaGraph, DeviceRoutingEqualsHostLists) {
 // each captured once and then replayed: a graph of one tail replayed for another would give
 // stale ids or logits (or fail the op-count check).
 TEST_F(CudaGraph, ArgmaxIdsEqualArgmaxOfLogits) {
-  const Model graphs = cuda_model(64, true), eager = cuda_model(64, false);
+  const Model graphs = cuda_model({.context = 64, .graphs = true}), eager = cuda_model({.context = 64, .graphs = false});
   const int64_t V = graphs.config().vocab;
   const std::vector<int32_t> toks = tokens_of(0, V);
   SequenceState a = graphs.new_sequence(), b = eager.new_sequence();

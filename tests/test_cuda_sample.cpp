@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "core/sampling.h"
 #include "model/forward.h"
+#include "test_cuda_model.h"
 #include "test_cuda_util.h"
 #include "test_util.h"
 #if defined(DSV4_CUDA_EMU)
@@ -97,13 +98,7 @@ TEST_F(CudaSample, DeviceIdsEqualCpuSampler) {
 // the same rows. Rows mix greedy and sampled parameters; batches of 3 (padded to 4) and 1; steps
 // of greedy ids and of logits in between, so a sample graph is replayed after other tails ran.
 TEST_F(CudaSample, SampledStepsEqualEagerAndCpuSampler) {
-  auto model = [](bool graphs) {
-    CudaOptions o;
-    o.context = 64;
-    o.graphs = graphs;
-    return Model(load_model(golden_dir("tiny-native") + "/model"), [&](const ModelWeights& w) { return make_cuda_backend(w, o); });
-  };
-  const Model graphs = model(true), eager = model(false);
+  const Model graphs = cuda_model({.context = 64, .graphs = true}), eager = cuda_model({.context = 64, .graphs = false});
   const int64_t V = graphs.config().vocab;
   ASSERT_LE(V, gpu::sample_max_candidates(V));  // every parameter set below fits the kernel
   constexpr int kSeqs = 3;

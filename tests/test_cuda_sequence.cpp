@@ -14,6 +14,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "model/forward.h"
+#include "test_cuda_model.h"
 #include "test_cuda_util.h"
 #include "test_util.h"
 #include "tools/logits.h"
@@ -28,13 +29,6 @@ class CudaSequence : public GpuTest {};
 
 std::string tiny_dir() { return golden_dir("tiny-native"); }
 
-Model cuda_model(int64_t context) {
-  CudaOptions o;
-  o.context = context;
-  return Model(load_model(tiny_dir() + "/model"), [&](const ModelWeights& w) { return make_cuda_backend(w, o); });
-}
-
-Model cpu_model() { return Model(load_model(tiny_dir() + "/model"), make_cpu_backend); }
 
 std::vector<int32_t> random_tokens(uint32_t seed, int64_t n, int64_t vocab) {
   std::mt19937 g(seed);
@@ -95,7 +89,7 @@ std::vector<float> slice_rows(const std::vector<float>& v, int64_t V, int64_t r0
 // runs both in one batch) and each equals a fresh sequence fed its tokens with the same steps,
 // bit for bit, and the CPU backend within the golden bound.
 TEST_F(CudaSequence, ForkThenDecodeEqualsFresh) {
-  const Model m = cuda_model(64);
+  const Model m = cuda_model({.context = 64});
   const int64_t V = m.config().vocab, prefill = 5, before = 1, after = 3;
   const std::vector<int32_t> prefix = random_tokens(1, prefill + before, V);
   const std::vector<int32_t> ta = cat(prefix, random_tokens(2, after, V)), tb = cat(prefix, random_tokens(3, after, V));
@@ -138,7 +132,7 @@ TEST_F(CudaSequence, ForkThenDecodeEqualsFresh) {
 // 0..12 and the compressor rows of blocks 2-3 (ratio 4) and 0 (ratio 16) would be overwritten.
 // The decode steps after each rewind replay the sequence's graph (its buffers, new positions).
 TEST_F(CudaSequence, TruncateAndRefeedEqualsFresh) {
-  const Model m = cuda_model(64);
+  const Model m = cuda_model({.context = 64});
   const int64_t V = m.config().vocab, P = 13;
   const std::vector<int32_t> prefix = random_tokens(4, P, V), doomed = random_tokens(5, kRewind, V);
   const std::vector<int32_t> first = random_tokens(6, 6, V), second = random_tokens(7, 3, V);
@@ -207,7 +201,7 @@ TEST_F(CudaSequence, MtpLogitsMatchCpuAndGolden) {
   std::vector<int32_t> toks = read_tokens(dir + "/tokens.txt");
   toks.resize(24);
   const int64_t T = static_cast<int64_t>(toks.size()), P = 16, forked = 21;
-  const Model m = cuda_model(64), cpu = cpu_model();
+  const Model m = cuda_model({.context = 64}), cpu = cpu_model();
   ASSERT_TRUE(m.has_mtp());
   const int64_t V = m.config().vocab, Hs = m.hidden_size();
 
