@@ -21,30 +21,9 @@ void validate(const SamplingParams& p) {
   if (!std::isfinite(p.frequency_penalty)) bad("frequency penalty must be finite");
 }
 
-static uint64_t splitmix(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { validate(p); }
 
-Sampler::Sampler(const SamplingParams& p) : p_(p) {
-  validate(p);
-  uint64_t x = p.seed;
-  for (auto& s : s_) s = splitmix(x);
-}
-
-double Sampler::uniform() {  // xoshiro256**
-  auto rotl = [](uint64_t v, int k) { return (v << k) | (v >> (64 - k)); };
-  const uint64_t r = rotl(s_[1] * 5, 7) * 9, t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 45);
-  return static_cast<double>(r >> 11) * 0x1.0p-53;
-}
+double Sampler::uniform() { return rng_.uniform(); }
 
 int32_t Sampler::sample(const float* logits, int64_t V, const std::vector<int32_t>& history) {
   std::vector<float> l(logits, logits + V);

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/rng.h"
+
 namespace dsv4 {
 struct SampleRow;  // core/sampling.h (not included: apps see this header)
 }
@@ -42,7 +44,7 @@ class Sampler {
  private:
   double uniform();  // [0, 1)
   SamplingParams p_;
-  uint64_t s_[4];
+  Xoshiro256 rng_;
 };
 
 }  // namespace dsv4

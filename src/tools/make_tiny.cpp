@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "core/rng.h"
 #include "io/names.h"
 #include "io/safetensors.h"
 #include "model/tensors.h"
@@ -120,14 +121,7 @@ std::string preset_names() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Deterministic random numbers: splitmix64 seeds xoshiro256**; normals by Box-Muller.
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+// Deterministic random numbers (core/rng.h), one stream per tensor name; normals by Box-Muller.
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 0xCBF29CE484222325ull;
@@ -140,26 +134,10 @@ float snap(double v) { return bf16_to_f32(f32_to_bf16(static_cast<float>(v))); }
 
 class Rng {
  public:
-  Rng(uint64_t seed, const std::string& stream) {
-    uint64_t st = seed;
-    st = splitmix64(st) ^ fnv1a(stream);
-    for (uint64_t& w : s_) w = splitmix64(st);
-  }
+  Rng(uint64_t seed, const std::string& stream) : x_(stream_seed(seed, stream)) {}
 
-  uint64_t next() {
-    const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-    const uint64_t t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = rotl(s_[3], 45);
-    return result;
-  }
-
-  // Uniform in [0, 1) with 53 random bits (exact in double).
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  uint64_t next() { return x_.next(); }
+  double uniform() { return x_.uniform(); }
 
   // Uniform integer in [0, n) without modulo bias.
   uint64_t below(uint64_t n) {
@@ -185,8 +163,8 @@ class Rng {
   }
 
  private:
-  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-  uint64_t s_[4];
+  static uint64_t stream_seed(uint64_t seed, const std::string& stream) { return splitmix64(seed) ^ fnv1a(stream); }
+  Xoshiro256 x_;
   double spare_ = 0.0;
   bool have_spare_ = false;
 };
