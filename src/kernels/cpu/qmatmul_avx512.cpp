@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "core/threads.h"
 #include "kernels/cpu/qmatmul_impl.h"
@@ -338,15 +339,20 @@ struct DecNV : DecBase {
 // (16 accumulators): each x load feeds 4 FMAs and each decoded weight vector 4, where 2 rows x 8
 // tokens fed an x load only 2 (AMD EPYC Zen 4, `qmatmul_bench --only gemv --tokens 4|8 --shape
 // 4096x4096`, alternating: T = 8 BF16 +12-17%, MXFP4 +11-14% (which ran 2 x 4 before), FP8
-// level; T = 4 BF16 +20-30%, MXFP4 +11%; 3 x 8 and 6 x 4 were no better, 8 x 2 at T = 2 level).
+// level; T = 4 BF16 +20-30%, MXFP4 +11%; 3 x 8 and 6 x 4 were no better, 8 x 2 at T = 2 level;
+// with the prefetch into L2 8 x 2 pays at T = 2, see below).
 template <int R_, int TTM_>
 struct Shape {
   static constexpr int R = R_, TTM = TTM_;
 };
+// T = 2: 8 rows for the 8- and 16-bit formats, 4 for FP4 (alternating pairs, session 10, with the
+// prefetch into L2: 8 x 2 over 4 x 2 gave BF16 +8-27%, FP8 +6-7%, MXFP4 -4% to +3%).
+template <class D>
+constexpr bool kFp4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
 template <class D>
 struct FusedShapes {
   using S1 = Shape<8, 1>;
-  using S2 = Shape<4, 2>;
+  using S2 = Shape<kFp4<D> ? 4 : 8, 2>;
   using S4 = Shape<4, 4>;
   using SN = Shape<4, 4>;
 };
