@@ -345,16 +345,17 @@ template <int R_, int TTM_>
 struct Shape {
   static constexpr int R = R_, TTM = TTM_;
 };
-// T = 2: 8 rows for the 8- and 16-bit formats, 4 for FP4 (alternating pairs, session 10, with the
-// prefetch into L2: 8 x 2 over 4 x 2 gave BF16 +8-27%, FP8 +6-7%, MXFP4 -4% to +3%).
+// With the prefetch into L2 (session 10, alternating pairs): at T = 2, 8 rows for the 8- and
+// 16-bit formats, 4 for FP4 (8 x 2 over 4 x 2: BF16 +8-27%, FP8 +6-7%, MXFP4 -4% to +3%); from
+// T = 3, 6 rows x 4 tokens for BF16 (the head; over 4 x 4: T = 4 +6-9%, T = 6-8 +5-20%; FP8 -2%).
 template <class D>
 constexpr bool kFp4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
 template <class D>
 struct FusedShapes {
   using S1 = Shape<8, 1>;
   using S2 = Shape<kFp4<D> ? 4 : 8, 2>;
-  using S4 = Shape<4, 4>;
-  using SN = Shape<4, 4>;
+  using S4 = Shape<std::is_same_v<D, DecBF16> ? 6 : 4, 4>;
+  using SN = Shape<std::is_same_v<D, DecBF16> ? 6 : 4, 4>;
 };
 
 // GEMM path: register tile of 2 x 16 rows x 12 tokens (24 accumulators, 2 weight vectors and a
