@@ -37,6 +37,10 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+#ifndef DSV4_GGML_NVFP4  // scripts/ggml-compare.sh sets it from the ggml tree's ggml.h
+#define DSV4_GGML_NVFP4 1
+#endif
+
 uint64_t xorshift(uint64_t& s) {
   s ^= s << 13;
   s ^= s >> 7;
@@ -55,10 +59,12 @@ void fill(ggml_type t, uint8_t* p, size_t n, uint64_t seed) {
   }
   if (t == GGML_TYPE_MXFP4) {
     for (size_t b = 0, i = 0; i + 17 <= n; i += 17, ++b) p[i] = static_cast<uint8_t>(120 + (b * 7) % 10);
+#if DSV4_GGML_NVFP4
   } else if (t == GGML_TYPE_NVFP4) {
     // Scales 0x30-0x3F: E4M3 0.125 .. 0.234, as qmatmul_bench's NVFP4 (never NaN, never zero).
     for (size_t b = 0, i = 0; i + 36 <= n; i += 36, ++b)
       for (int k = 0; k < 4; ++k) p[i + k] = static_cast<uint8_t>(0x30 + (b * 4 + k) % 16);
+#endif
   } else if (t == GGML_TYPE_Q8_0) {
     ggml_fp16_t d[8];
     for (int k = 0; k < 8; ++k) d[k] = ggml_fp32_to_fp16(0.002f * static_cast<float>(k + 1));
@@ -103,7 +109,9 @@ int main(int argc, char** argv) {
   ggml_type type = GGML_TYPE_COUNT;
   if (type_arg == "mxfp4") type = GGML_TYPE_MXFP4;
   if (type_arg == "q8_0") type = GGML_TYPE_Q8_0;
+#if DSV4_GGML_NVFP4
   if (type_arg == "nvfp4") type = GGML_TYPE_NVFP4;
+#endif
   if (type_arg == "bf16") type = GGML_TYPE_BF16;
   if (type == GGML_TYPE_COUNT || rows <= 0 || cols <= 0 || cols % 32 != 0 || reps < 1 || threads < 1) {
     std::fprintf(stderr, "usage: %s --type mxfp4|nvfp4|q8_0|bf16 --shape ROWSxCOLS (COLS a multiple of 32) [--gib G] "

@@ -61,9 +61,12 @@ cmake --build "$GGML_BUILD_DIR" -j"$JOBS" --target ggml ggml-cpu >/dev/null
 # The libraries' directory: src/ in ggml's own layout (shared by default, static if configured so).
 GGML_LIBDIR=$(dirname "$(find "$GGML_BUILD_DIR" -name 'libggml-base.*' -print -quit)")
 DRIVER=$GGML_BUILD_DIR/ggml_gemv
+# ggml trees from before its NVFP4 type (2026) lack GGML_TYPE_NVFP4: the NVFP4 row is left out.
+HAVE_NVFP4=1
+grep -q GGML_TYPE_NVFP4 "$GGML_SRC/include/ggml.h" || HAVE_NVFP4=0
 if [[ ! -x "$DRIVER" || "$REPO/bench/ggml_gemv.cpp" -nt "$DRIVER" || "$GGML_LIBDIR/libggml-cpu.so" -nt "$DRIVER" ]]; then
   echo "building $DRIVER" >&2
-  ${CXX:-c++} -O2 -std=c++17 -I"$GGML_SRC/include" "$REPO/bench/ggml_gemv.cpp" -o "$DRIVER" \
+  ${CXX:-c++} -O2 -std=c++17 -DDSV4_GGML_NVFP4=$HAVE_NVFP4 -I"$GGML_SRC/include" "$REPO/bench/ggml_gemv.cpp" -o "$DRIVER" \
     -L"$GGML_LIBDIR" -lggml -lggml-cpu -lggml-base -Wl,-rpath,"$GGML_LIBDIR" -fopenmp -lpthread
 fi
 
@@ -77,6 +80,11 @@ SHAPES=(
   "1024x4096 FP8Block q8_0"
   "129280x4096 BF16 bf16"
 )
+if ((!HAVE_NVFP4)); then
+  for i in "${!SHAPES[@]}"; do [[ "${SHAPES[$i]}" == *" nvfp4" ]] && unset 'SHAPES[i]'; done
+  SHAPES=("${SHAPES[@]}")
+  echo "this ggml has no NVFP4 type: the NVFP4 row is left out" >&2
+fi
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 LOG=$GGML_BUILD_DIR/ggml-compare.log
