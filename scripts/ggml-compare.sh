@@ -81,7 +81,9 @@ SHAPES=(
   "129280x4096 BF16 bf16"
 )
 if ((!HAVE_NVFP4)); then
-  for i in "${!SHAPES[@]}"; do [[ "${SHAPES[$i]}" == *" nvfp4" ]] && unset 'SHAPES[i]'; done
+  for i in "${!SHAPES[@]}"; do
+    if [[ "${SHAPES[$i]}" == *" nvfp4" ]]; then unset 'SHAPES[i]'; fi
+  done
   SHAPES=("${SHAPES[@]}")
   echo "this ggml has no NVFP4 type: the NVFP4 row is left out" >&2
 fi
