@@ -1,7 +1,8 @@
 #pragma once
 // The project's seeded random numbers: xoshiro256** (Blackman and Vigna) with its state drawn by
 // splitmix64. Platform-independent: the same seed gives the same numbers on every machine, which
-// sampling (`--seed`) and make-tiny's checkpoints rely on.
+// sampling (`--seed`) and make-tiny's checkpoints rely on. The free functions work on a bare
+// state, for classes whose headers must not include this one (the engine API's Sampler).
 #include <cstdint>
 
 namespace dsv4 {
@@ -13,28 +14,34 @@ inline uint64_t splitmix64(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
+// The state is four splitmix64 draws from `seed`.
+inline void xoshiro256_seed(uint64_t (&s)[4], uint64_t seed) {
+  for (uint64_t& w : s) w = splitmix64(seed);
+}
+
+inline uint64_t xoshiro256_next(uint64_t (&s)[4]) {
+  auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
+  const uint64_t result = rotl(s[1] * 5, 7) * 9;
+  const uint64_t t = s[1] << 17;
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = rotl(s[3], 45);
+  return result;
+}
+
+// Uniform in [0, 1) with 53 random bits (exact in double).
+inline double xoshiro256_uniform(uint64_t (&s)[4]) { return static_cast<double>(xoshiro256_next(s) >> 11) * 0x1.0p-53; }
+
 class Xoshiro256 {
  public:
-  // The state is four splitmix64 draws from `seed`.
-  explicit Xoshiro256(uint64_t seed) {
-    for (uint64_t& w : s_) w = splitmix64(seed);
-  }
-  uint64_t next() {
-    const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-    const uint64_t t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = rotl(s_[3], 45);
-    return result;
-  }
-  // Uniform in [0, 1) with 53 random bits (exact in double).
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  explicit Xoshiro256(uint64_t seed) { xoshiro256_seed(s_, seed); }
+  uint64_t next() { return xoshiro256_next(s_); }
+  double uniform() { return xoshiro256_uniform(s_); }
 
  private:
-  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
   uint64_t s_[4];
 };
 

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/sampling.h"
 
 namespace dsv4 {
@@ -21,9 +22,12 @@ void validate(const SamplingParams& p) {
   if (!std::isfinite(p.frequency_penalty)) bad("frequency penalty must be finite");
 }
 
-Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { validate(p); }
+Sampler::Sampler(const SamplingParams& p) : p_(p) {
+  validate(p);
+  xoshiro256_seed(rng_, p.seed);
+}
 
-double Sampler::uniform() { return rng_.uniform(); }
+double Sampler::uniform() { return xoshiro256_uniform(rng_); }
 
 int32_t Sampler::sample(const float* logits, int64_t V, const std::vector<int32_t>& history) {
   std::vector<float> l(logits, logits + V);

@@ -4,8 +4,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/rng.h"
-
 namespace dsv4 {
 struct SampleRow;  // core/sampling.h (not included: apps see this header)
 }
@@ -44,7 +42,7 @@ class Sampler {
  private:
   double uniform();  // [0, 1)
   SamplingParams p_;
-  Xoshiro256 rng_;
+  uint64_t rng_[4];  // xoshiro256** state (core/rng.h)
 };
 
 }  // namespace dsv4
