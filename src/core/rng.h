@@ -1,8 +1,8 @@
 #pragma once
 // The project's seeded random numbers: xoshiro256** (Blackman and Vigna) with its state drawn by
 // splitmix64. Platform-independent: the same seed gives the same numbers on every machine, which
-// sampling (`--seed`) and make-tiny's checkpoints rely on. The free functions work on a bare
-// state, for classes whose headers must not include this one (the engine API's Sampler).
+// sampling (`--seed`) and make-tiny's checkpoints rely on. Functions on a bare state, so that
+// classes whose headers must not include this one (the engine API's Sampler) can hold it.
 #include <cstdint>
 
 namespace dsv4 {
@@ -34,15 +34,5 @@ inline uint64_t xoshiro256_next(uint64_t (&s)[4]) {
 
 // Uniform in [0, 1) with 53 random bits (exact in double).
 inline double xoshiro256_uniform(uint64_t (&s)[4]) { return static_cast<double>(xoshiro256_next(s) >> 11) * 0x1.0p-53; }
-
-class Xoshiro256 {
- public:
-  explicit Xoshiro256(uint64_t seed) { xoshiro256_seed(s_, seed); }
-  uint64_t next() { return xoshiro256_next(s_); }
-  double uniform() { return xoshiro256_uniform(s_); }
-
- private:
-  uint64_t s_[4];
-};
 
 }  // namespace dsv4

@@ -134,10 +134,10 @@ float snap(double v) { return bf16_to_f32(f32_to_bf16(static_cast<float>(v))); }
 
 class Rng {
  public:
-  Rng(uint64_t seed, const std::string& stream) : x_(stream_seed(seed, stream)) {}
+  Rng(uint64_t seed, const std::string& stream) { xoshiro256_seed(s_, splitmix64(seed) ^ fnv1a(stream)); }
 
-  uint64_t next() { return x_.next(); }
-  double uniform() { return x_.uniform(); }
+  uint64_t next() { return xoshiro256_next(s_); }
+  double uniform() { return xoshiro256_uniform(s_); }
 
   // Uniform integer in [0, n) without modulo bias.
   uint64_t below(uint64_t n) {
@@ -163,8 +163,7 @@ class Rng {
   }
 
  private:
-  static uint64_t stream_seed(uint64_t seed, const std::string& stream) { return splitmix64(seed) ^ fnv1a(stream); }
-  Xoshiro256 x_;
+  uint64_t s_[4];
   double spare_ = 0.0;
   bool have_spare_ = false;
 };

@@ -354,8 +354,8 @@ template <class D>
 struct FusedShapes {
   using S1 = Shape<8, 1>;
   using S2 = Shape<kFp4<D> ? 4 : 8, 2>;
-  using S4 = Shape<std::is_same_v<D, DecBF16> ? 6 : 4, 4>;
   using SN = Shape<std::is_same_v<D, DecBF16> ? 6 : 4, 4>;
+  using S4 = SN;
 };
 
 // GEMM path: register tile of 2 x 16 rows x 12 tokens (24 accumulators, 2 weight vectors and a
