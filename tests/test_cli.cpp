@@ -90,6 +90,28 @@ TEST(Cli, HelpListsEveryCommand) {
     EXPECT_NE(out.find(s), std::string::npos) << s;
 }
 
+// `dsv4 CMD --help` prints CMD's part of the help and nothing of the other commands'.
+TEST(Cli, CommandHelpShowsThatCommandOnly) {
+  const std::vector<std::pair<std::string, std::string>> own = {
+      {"score", "--mtp-out F.npy"}, {"make-tiny", "--preset NAME"}, {"generate", "--hide-reasoning"},
+      {"chat", "--system TEXT"},    {"tokenize", "Print the token ids"}, {"detokenize", "Print the text"},
+      {"chat-template", "--messages F.json"}, {"inspect", "Describe a checkpoint"}, {"bench", "--batch LIST"},
+      {"serve", "--kv-budget MB"}};
+  for (const auto& [cmd, mark] : own) {
+    CommandResult r = run_command(std::string(DSV4_BIN) + " " + cmd + " --help");
+    EXPECT_EQ(r.status, 0) << cmd;
+    EXPECT_EQ(r.output.rfind("Usage: dsv4 " + cmd + " [options]", 0), 0u) << r.output;
+    EXPECT_NE(r.output.find(mark), std::string::npos) << cmd << ": " << r.output;
+    for (const auto& [other, other_mark] : own)
+      if (other != cmd) EXPECT_EQ(r.output.find(other_mark), std::string::npos) << cmd << " shows " << other;
+  }
+  // serve points at score for the options it shares; an unknown command is a usage error.
+  EXPECT_NE(run_command(std::string(DSV4_BIN) + " serve -h").output.find("`dsv4 score --help`"), std::string::npos);
+  CommandResult unknown = run_command(std::string(DSV4_BIN) + " frobnicate --help 2>&1");
+  EXPECT_EQ(unknown.status, 2);
+  EXPECT_NE(unknown.output.find("unknown command 'frobnicate'"), std::string::npos) << unknown.output;
+}
+
 TEST(Cli, ScoreWritesLogitsThatMatchGolden) {
   std::string out = temp_dir("cli-ok") + "/l.npy";
   std::string dir = tiny();

@@ -162,12 +162,36 @@ Commands:
       --quiet            no log line per request
       SIGINT / SIGTERM stop it; requests in flight end with an error.
 
-  help, --help, -h       this text
+  help, --help, -h       this text; `dsv4 COMMAND --help` shows COMMAND's part of it
 
 Errors print one line to stderr and exit with status 1 (2 for bad usage).
 )";
 
 int run(int argc, char** argv);
+
+// `dsv4 CMD --help`: the usage line and CMD's own section of kHelp (from its line "  CMD  ..." to
+// the next command's), or "" when kHelp has no such command. One text, so the two never differ.
+std::string command_help(const std::string& cmd) {
+  const std::string all = kHelp;
+  const std::string head = "\n  " + cmd + " ";
+  const size_t start = all.find(head);
+  if (cmd.empty() || start == std::string::npos) return "";
+  size_t end = start + 1;
+  // The next line indented by exactly two spaces starts the next command (options sit deeper).
+  for (size_t nl = all.find('\n', end); nl != std::string::npos; nl = all.find('\n', nl + 1)) {
+    if (all.compare(nl + 1, 2, "  ") == 0 && nl + 3 < all.size() && all[nl + 3] != ' ') {
+      end = nl + 1;
+      break;
+    }
+  }
+  std::string out = "Usage: dsv4 " + cmd + " [options]\n\n" + all.substr(start + 1, end - start - 1);
+  while (out.size() > 1 && out[out.size() - 1] == '\n' && out[out.size() - 2] == '\n') out.pop_back();
+  // Sections that point at another command's options say where to read them.
+  for (const std::string other : {"score", "generate"})
+    if (cmd != other && (out.find("(see " + other) != std::string::npos || out.find("as " + other) != std::string::npos))
+      out += "\nOptions described under " + other + ": `dsv4 " + other + " --help`.\n";
+  return out + "\nErrors print one line to stderr and exit with status 1 (2 for bad usage).\n";
+}
 
 }  // namespace
 
@@ -211,7 +235,9 @@ int run(int argc, char** argv) {
     }
     for (int i = 2; i < argc; ++i)
       if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-        std::fputs(kHelp, stdout);
+        const std::string own = command_help(cmd);
+        if (own.empty()) throw Usage("unknown command '" + cmd + "' (try dsv4 --help)");
+        std::fputs(own.c_str(), stdout);
         return 0;
       }
     // Options that take no value, per command ("--ids" is a value for detokenize).
