@@ -220,6 +220,33 @@ TEST_F(Generate, SessionReusesThePromptSnapshot) {
   EXPECT_EQ(b.tokens, c.tokens);
 }
 
+// On a model whose MTP block often agrees with it (mtp_agreeing_model_dir), drafts are accepted
+// and rejected in one run: the output is still exactly plain greedy's, every draft length.
+TEST_F(Generate, AcceptedDraftsEqualPlainGreedy) {
+  const std::string dir = mtp_agreeing_model_dir();
+  ASSERT_FALSE(dir.empty());
+  Engine m({.model_dir = dir, .tokenizer = tokenizer_dir() + "/tokenizer.json"});
+  auto run = [&](const GenerateOptions& o) {
+    Session s = new_session(m, o);
+    return generate(m, s, prompt_, o, nullptr);
+  };
+  GenerateOptions plain;
+  plain.max_new_tokens = 40;
+  const GenerateResult want = run(plain);
+  ASSERT_EQ(want.tokens.size(), 40u);
+  for (int64_t n : {1, 2, 3, 5, 16}) {
+    GenerateOptions o = plain;
+    o.draft = n;
+    const GenerateResult got = run(o);
+    EXPECT_EQ(got.tokens, want.tokens) << "draft " << n;
+    EXPECT_GT(got.accepted, 0) << "draft " << n;
+    EXPECT_LT(got.accepted, got.drafted) << "draft " << n;
+    EXPECT_EQ(got.accepted + got.steps + 1, static_cast<int64_t>(got.tokens.size())) << "draft " << n;
+    std::printf("[draft %lld] %lld steps, %lld of %lld drafts accepted\n", static_cast<long long>(n),
+                static_cast<long long>(got.steps), static_cast<long long>(got.accepted), static_cast<long long>(got.drafted));
+  }
+}
+
 // Greedy speculative decoding with MTP drafts gives exactly the plain greedy output, for every
 // draft length, including across a multi-turn session (prefix reuse + drafting).
 TEST_F(Generate, DraftEqualsPlainGreedy) {

@@ -46,6 +46,37 @@ inline std::string temp_dir(const std::string& tag) {
   return p.string();
 }
 
+// A copy of tiny-native whose final norm and MTP norm keep only channels 0 and 1 (the other
+// weights zero): the logits of both then depend on two numbers only, so the MTP block's greedy
+// drafts agree with the main model often (not always). Random weights never let a draft be
+// accepted; this model makes speculative decoding's acceptance path run. Made once per process.
+inline std::string mtp_agreeing_model_dir() {
+  static const std::string dir = [] {
+    const std::string src = golden_dir("tiny-native");
+    if (src.empty()) return std::string();
+    const std::string out = temp_dir("mtp-agreeing");
+    for (const auto& e : std::filesystem::directory_iterator(src + "/model")) std::filesystem::copy(e.path(), out);
+    const std::string file = out + "/model.safetensors";
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::string header(n, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(n));
+    const nlohmann::json h = nlohmann::json::parse(header);
+    for (const char* name : {"norm.weight", "mtp.0.norm.weight"}) {
+      const auto& t = h.at(name);
+      if (t.at("dtype") != "BF16") return std::string();
+      const uint64_t begin = t.at("data_offsets")[0], end = t.at("data_offsets")[1];
+      std::vector<uint16_t> v((end - begin) / 2, 0);
+      v[0] = v[1] = 0x3F80;  // 1.0
+      f.seekp(static_cast<std::streamoff>(8 + n + begin));
+      f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(end - begin));
+    }
+    return f.good() ? out : std::string();
+  }();
+  return dir;
+}
+
 // The real tokenizer fetched by scripts/test.sh: $DSV4_TOKENIZER_DIR, else build/deps/tokenizer.
 inline std::string tokenizer_dir() {
   if (const char* env = std::getenv("DSV4_TOKENIZER_DIR"); env && *env) return env;
