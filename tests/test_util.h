@@ -47,7 +47,7 @@ inline std::string temp_dir(const std::string& tag) {
 }
 
 // A copy of tiny-native whose final norm and MTP norm keep only channels 0 and 1 (the other
-// weights zero): the logits of both then depend on two numbers only, so the MTP block's greedy
+// weights zero, those 128): the logits of both then depend on two numbers only, so the MTP block's greedy
 // drafts agree with the main model often (not always). Random weights never let a draft be
 // accepted; this model makes speculative decoding's acceptance path run. Made once per process.
 inline std::string mtp_agreeing_model_dir() {
@@ -68,7 +68,7 @@ inline std::string mtp_agreeing_model_dir() {
       if (t.at("dtype") != "BF16") return std::string();
       const uint64_t begin = t.at("data_offsets")[0], end = t.at("data_offsets")[1];
       std::vector<uint16_t> v((end - begin) / 2, 0);
-      v[0] = v[1] = 0x3F80;  // 1.0
+      v[0] = v[1] = 0x4300;  // 128: logits sharp enough for sampling to follow the argmax mostly
       f.seekp(static_cast<std::streamoff>(8 + n + begin));
       f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(end - begin));
     }

@@ -63,7 +63,6 @@ GenerateOptions gen_options(const Args& a) {
   o.draft = a.integer("draft", 0);
   if (o.max_new_tokens < 0) throw Usage("-n must be >= 0");
   if (o.draft < 0 || o.draft > kCheapRewind) throw Usage("--draft must be in [0, " + std::to_string(kCheapRewind) + "]");
-  if (o.draft > 0 && o.sampling.temperature > 0) throw Usage("--draft is greedy speculative decoding: it needs --temperature 0");
   validate(o.sampling);
   return o;
 }

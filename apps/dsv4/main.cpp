@@ -76,9 +76,10 @@ Commands:
       --hide-reasoning   do not print the reasoning (thinking mode); by default it streams to
                          stderr as it comes, dimmed on a terminal, else between [reasoning]
                          and [/reasoning] lines
-      --draft N          greedy speculative decoding: the MTP block drafts N tokens (1..16)
-                         that the model verifies in one step; output identical to plain
-                         greedy (needs --temperature 0); acceptance is reported on stderr
+      --draft N          speculative decoding: the MTP block drafts N tokens (1..16) that
+                         the model verifies in one step, keeping each while the sampler picks
+                         it; output identical to the same options without --draft (greedy or
+                         seeded); acceptance is reported on stderr
       --reasoning-effort max   the official encoder's maximum-effort instruction
       --tokenizer DIR    tokenizer.json location (default: the model directory)
       --context N        context limit in tokens (default: the model's max positions)

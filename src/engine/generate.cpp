@@ -58,8 +58,6 @@ GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& promp
   if (opt.max_new_tokens < 0) throw Error("max new tokens must be >= 0");
   if (opt.draft < 0 || opt.draft > kCheapRewind)
     throw Error("draft must be in [0, " + std::to_string(kCheapRewind) + "], got " + std::to_string(opt.draft));
-  if (opt.draft > 0 && opt.sampling.temperature > 0)
-    throw Error("speculative decoding (draft) is greedy: it needs temperature 0");
   if (opt.draft > 0 && !info.has_mtp) throw Error(info.dir + " has no MTP block to draft with", ErrorKind::Unsupported);
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= V)

@@ -1,8 +1,8 @@
 #pragma once
 // Autoregressive generation over one sequence: prefill the prompt (reusing what the session
 // already holds), then sample, stream text, and stop at EOS, a stop token, a stop string, the
-// token budget or the context limit. With `draft` > 0 and greedy sampling, the MTP block drafts
-// tokens that the main model verifies in one step (speculative decoding: same output).
+// token budget or the context limit. With `draft` > 0 the MTP block drafts tokens that the main
+// model verifies in one step (speculative decoding: the same output as without, for any sampler).
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -21,7 +21,7 @@ struct GenerateOptions {
   SamplingParams sampling;
   int64_t prefill_chunk = 0;              // 0 = the whole prompt in one chunk
   int64_t context_limit = 0;              // 0 = the engine's context
-  int64_t draft = 0;                      // MTP drafts per step (0 = off; needs temperature 0)
+  int64_t draft = 0;                      // MTP drafts per step (0 = off)
 };
 
 struct GenerateResult {
