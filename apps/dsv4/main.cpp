@@ -159,6 +159,11 @@ Commands:
       --cache-budget MB  prefix-cache snapshots (default 1024; 0 = off)
       --max-tokens N     max_tokens when a request gives none (default 4096)
       --timeout S        cancel a request running longer than S seconds (default 600)
+      --draft N          speculative decoding: the MTP block drafts N tokens (1..16) per
+                         decoding stream and step, which the model verifies in the same step;
+                         answers are identical to those without it (greedy or seeded); the
+                         model needs its MTP block. Pays when the drafts are often right and
+                         the step is memory-bound (few streams); /metrics counts drafts
       --threads N, --load M, --memory-budget M   (see score)
       --quiet            no log line per request
       SIGINT / SIGTERM stop it; requests in flight end with an error.

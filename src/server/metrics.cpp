@@ -53,6 +53,11 @@ void Metrics::step(int64_t batch, int64_t prefill_tokens, double seconds) {
   step_s_.observe(seconds);
 }
 
+void Metrics::drafts(int64_t drafted, int64_t accepted) {
+  std::lock_guard<std::mutex> l(mu_);
+  drafted_ += drafted, accepted_ += accepted;
+}
+
 void Metrics::ttft(double seconds) {
   std::lock_guard<std::mutex> l(mu_);
   ttft_.observe(seconds);
@@ -80,6 +85,8 @@ std::string Metrics::render(const Gauges& g) const {
   counter("dsv4_cached_tokens_total", "Prompt tokens whose state came from the prefix cache.", cached_);
   counter("dsv4_steps_total", "Engine steps run.", steps_);
   counter("dsv4_prefill_tokens_total", "Prompt tokens fed to the model (those not restored from the cache).", prefilled_);
+  counter("dsv4_draft_tokens_total", "Tokens the MTP block drafted (serve --draft).", drafted_);
+  counter("dsv4_draft_accepted_tokens_total", "Drafted tokens the model confirmed.", accepted_);
   gauge("dsv4_queue_depth", "Requests waiting for admission.", g.queue_depth);
   gauge("dsv4_running_sequences", "Choices being prefilled or decoded.", g.running);
   gauge("dsv4_kv_reserved_bytes", "Cache bytes reserved by live sequences.", g.kv_reserved_bytes);

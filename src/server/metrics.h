@@ -31,6 +31,7 @@ class Metrics {
   void step(int64_t batch, int64_t prefill_tokens, double seconds);
   void ttft(double seconds);
   void token_latency(double seconds);  // time between two tokens of one choice
+  void drafts(int64_t drafted, int64_t accepted);  // speculative decoding, per step
 
   struct Gauges {
     int64_t queue_depth = 0, running = 0, kv_reserved_bytes = 0, prefix_cache_bytes = 0, prefix_cache_entries = 0;
@@ -40,7 +41,7 @@ class Metrics {
  private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, int64_t> requests_;
-  int64_t prompt_ = 0, generated_ = 0, cached_ = 0, steps_ = 0, prefilled_ = 0;
+  int64_t prompt_ = 0, generated_ = 0, cached_ = 0, steps_ = 0, prefilled_ = 0, drafted_ = 0, accepted_ = 0;
   Histogram batch_, ttft_, tpot_, step_s_;
 };
 

@@ -63,6 +63,8 @@ struct Scheduler::Choice {
   std::vector<float> logprobs;
   std::vector<std::vector<TopLogprob>> top;
   int32_t next = -1;                  // sampled, to be fed by the next step
+  std::vector<int32_t> drafts;        // the MTP block's drafts after `next`, fed with it
+  int64_t keep = -1;                  // while verifying drafts: positions to keep if it ends here
   bool done = false;
   Clock::time_point last = Clock::now();
 };
@@ -80,6 +82,10 @@ struct Scheduler::Active {
 
 Scheduler::Scheduler(Engine& engine, const SchedulerOptions& o, Metrics& metrics)
     : engine_(engine), opt_(o), metrics_(metrics), cache_(engine, o.cache_budget) {
+  if (o.draft < 0 || o.draft > kCheapRewind)
+    throw Error("draft must be in [0, " + std::to_string(kCheapRewind) + "], got " + std::to_string(o.draft));
+  if (o.draft > 0 && !engine.info().has_mtp)
+    throw Error(engine.info().dir + " has no MTP block to draft with", ErrorKind::Unsupported);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -119,7 +125,7 @@ static int64_t positions_for(const Engine& e, const GenParams& p) {
 void Scheduler::submit(const std::shared_ptr<Job>& job) {
   const GenParams& p = job->params;
   const int64_t budget = engine_.info().memory_budget;
-  const int64_t need = static_cast<int64_t>(engine_.sequence_bytes(positions_for(engine_, p))) * p.n;
+  const int64_t need = static_cast<int64_t>(engine_.sequence_bytes(positions_for(engine_, p), opt_.draft > 0)) * p.n;
   if (budget > 0 && need > budget)
     throw Error("this request's cache (" + std::to_string(need >> 20) + " MiB for " + std::to_string(p.n) + " x " +
                     std::to_string(positions_for(engine_, p)) + " positions) exceeds the server's KV budget (" +
@@ -179,7 +185,7 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job) {
   auto a = std::make_unique<Active>();
   a->job = job;
   a->max_positions = positions_for(engine_, p);
-  const int64_t per_seq = static_cast<int64_t>(engine_.sequence_bytes(a->max_positions));
+  const int64_t per_seq = static_cast<int64_t>(engine_.sequence_bytes(a->max_positions, opt_.draft > 0));
   const int64_t budget = engine_.info().memory_budget;
   if (budget > 0 && engine_.reserved_bytes() + promised + per_seq * p.n > budget) {
     if (!active_.empty()) return false;  // wait for running jobs to free their reservations
@@ -195,7 +201,7 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job) {
       engine_.truncate(seq, hit->common);
       a->cached = hit->common;
     } else {
-      seq = engine_.new_sequence({.mtp = false, .max_positions = a->max_positions});
+      seq = engine_.new_sequence({.mtp = opt_.draft > 0, .max_positions = a->max_positions});
     }
     a->pending.assign(p.prompt.begin() + a->cached, p.prompt.end());
     a->promised = per_seq * (p.n - 1);
@@ -275,12 +281,44 @@ void Scheduler::emit_id(Active& a, Choice& c, int32_t id, const float* logits) {
     a.job->push(std::move(e));
   }
   if (static_cast<int64_t>(c.generated.size()) >= p.max_tokens) return finish_choice(a, c, "length");
-  // The token would be fed at position pos(): the sequence holds at most max_positions.
-  if (c.seq.pos() >= a.max_positions) return finish_choice(a, c, "length");
+  // The token would be fed at position pos() (keep, while drafts are verified): the sequence
+  // holds at most max_positions.
+  if ((c.keep >= 0 ? c.keep : c.seq.pos()) >= a.max_positions) return finish_choice(a, c, "length");
   c.next = id;
 }
 
+// How many drafts choice c feeds after its next token: at most opt_.draft, leaving each verified
+// row a place (the sequence's max_positions) and a use (max_tokens: n drafts yield up to n + 1
+// tokens).
+int64_t Scheduler::drafts_for(const Active& a, const Choice& c) const {
+  const int64_t left = a.job->params.max_tokens - static_cast<int64_t>(c.generated.size());
+  return std::max<int64_t>(0, std::min<int64_t>({opt_.draft, a.max_positions - c.seq.pos() - 1, left - 1}));
+}
+
+// After a step that fed c.next and c.drafts (logits of every row): the sampler picks from row 0,
+// and while its pick equals the next draft the following row is valid too; what follows the last
+// valid row is rewound. The picks are those of decoding one token per step.
+void Scheduler::verify(Active& a, Choice& c, const std::vector<int32_t>& drafts, const std::vector<float>& logits) {
+  const int64_t V = engine_.info().vocab, n = static_cast<int64_t>(drafts.size());
+  const int64_t base = c.seq.pos() - n - 1;  // before next
+  int64_t used = 0, accepted = 0;
+  for (;;) {
+    const float* row = logits.data() + used * V;
+    const int32_t id = c.sampler.sample(row, V, c.generated);
+    ++used;
+    c.keep = base + used;  // next and the drafts confirmed so far
+    emit_id(a, c, id, row);
+    if (c.done || used > n || id != drafts[static_cast<size_t>(used - 1)]) break;
+    ++accepted;
+  }
+  c.keep = -1;
+  if (!c.done && c.seq.pos() > base + used) engine_.truncate(c.seq, base + used);
+  metrics_.drafts(n, accepted);
+}
+
 void Scheduler::finish_choice(Active& a, Choice& c, const std::string& reason) {
+  // Drafts past the end are not part of the answer's state.
+  if (c.keep >= 0 && c.seq.pos() > c.keep && !c.seq.broken()) engine_.truncate(c.seq, c.keep);
   if (!c.filter.stopped()) {
     c.filter.push(c.dec.flush());
     c.filter.finish();
@@ -333,15 +371,49 @@ void Scheduler::step() {
     bool prefill_end;
   };
   std::vector<Slot> slots;
+  if (opt_.draft > 0) {
+    // The MTP block's drafts for every decoding choice, in one batched call.
+    std::vector<DraftRequest> dr;
+    std::vector<Choice*> drafting;
+    for (auto& a : active_)
+      if (a->prefilled && !a->gone)
+        for (auto& c : a->choices) {
+          c->drafts.clear();
+          if (c->done) continue;
+          if (const int64_t n = drafts_for(*a, *c); n > 0) dr.push_back({&c->seq, c->next, n}), drafting.push_back(c.get());
+        }
+    if (!dr.empty()) {
+      try {
+        std::vector<std::vector<int32_t>> d = engine_.draft(dr);
+        for (size_t i = 0; i < drafting.size(); ++i) drafting[i]->drafts = std::move(d[i]);
+      } catch (const Error& e) {
+        // Like a failed step: the drafting jobs fail, the others go on.
+        for (auto& a : active_)
+          for (auto& c : a->choices)
+            if (!a->gone && std::find(drafting.begin(), drafting.end(), c.get()) != drafting.end())
+              a->gone = true, a->job->push(Event::failed(e));
+        std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->gone; });
+        update_stats();
+        return;
+      }
+    }
+  }
+  int64_t decode_tokens = 0;
   for (auto& a : active_)
     if (a->prefilled)
       for (auto& c : a->choices)
         if (!c->done) {
           reqs.push_back({&c->seq, {c->next}, Rows::Last});
-          if (picks_in_step(*a, *c)) reqs.back().sampler = &c->sampler;
+          if (!c->drafts.empty()) {
+            reqs.back().tokens.insert(reqs.back().tokens.end(), c->drafts.begin(), c->drafts.end());
+            reqs.back().logits = Rows::All;
+          } else if (picks_in_step(*a, *c)) {
+            reqs.back().sampler = &c->sampler;
+          }
+          decode_tokens += static_cast<int64_t>(reqs.back().tokens.size());
           slots.push_back({a.get(), c.get(), false});
         }
-  int64_t budget = prefill_budget(opt_, static_cast<int64_t>(reqs.size()));
+  int64_t budget = prefill_budget(opt_, decode_tokens);
   for (auto& a : active_) {
     if (a->prefilled || budget <= 0) continue;
     const int64_t n = std::min<int64_t>(budget, static_cast<int64_t>(a->pending.size()));
@@ -398,7 +470,9 @@ void Scheduler::step() {
       for (auto& c : a.choices) emit(a, *c, out[i].logits.data());
       continue;
     }
-    if (reqs[i].sampler) {
+    if (!slots[i].c->drafts.empty()) {
+      verify(a, *slots[i].c, slots[i].c->drafts, out[i].logits);
+    } else if (reqs[i].sampler) {
       emit_id(a, *slots[i].c, out[i].ids.at(0), nullptr);
     } else {
       emit(a, *slots[i].c, out[i].logits.data());

@@ -14,6 +14,12 @@
 // sequence's state is snapshotted into an LRU cache (PrefixCache); a new job restores the
 // snapshot sharing its longest prefix and prefills only the rest.
 //
+// Speculative decoding (SchedulerOptions::draft): every sequence keeps the MTP block in step; a
+// decoding choice feeds its token plus the block's drafts after it and keeps each draft while
+// its sampler, run on the verified rows in order, picks it (the rest are rewound). The picks are
+// the ones decoding without drafts makes, greedy or seeded: the same output, more per step when
+// the drafts are right.
+//
 // Results stream back through the Job: the HTTP thread waits on it for events.
 #include <atomic>
 #include <chrono>
@@ -117,6 +123,7 @@ struct SchedulerOptions {
   int64_t step_tokens_decoding = 64;
   int max_queue = 64;              // jobs waiting for admission before submit() refuses
   int64_t cache_budget = 256 << 20;  // bytes of prefix-cache snapshots (0 = no cache)
+  int draft = 0;                   // MTP drafts per decode step and choice (0 = off; <= kCheapRewind)
 };
 
 // Prompt tokens a step may carry beside `decode_tokens` decode tokens: what is left of
@@ -149,6 +156,8 @@ class Scheduler {
   bool picks_in_step(const Active& a, const Choice& c) const;
   void emit(Active& a, Choice& c, const float* logits);
   void emit_id(Active& a, Choice& c, int32_t id, const float* logits);
+  int64_t drafts_for(const Active& a, const Choice& c) const;
+  void verify(Active& a, Choice& c, const std::vector<int32_t>& drafts, const std::vector<float>& logits);
 
   Engine& engine_;
   const SchedulerOptions opt_;

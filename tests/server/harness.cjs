@@ -26,10 +26,44 @@ function demoModel() {
   return dir;
 }
 
+// The demo model with its final norm and the MTP block's keeping only channels 0 and 1 (the
+// other weights zero, those 128): both heads then see two numbers, so the MTP block's drafts
+// agree with the model now and then (random weights never do), and speculative decoding's
+// acceptance path runs. The same trick as tests/test_util.h mtp_agreeing_model_dir.
+function agreeingModel() {
+  const dir = path.join(tmp, 'demo-agreeing');
+  if (fs.existsSync(path.join(dir, 'config.json'))) return dir;
+  const mine = `${dir}.tmp-${process.pid}`;
+  fs.cpSync(demoModel(), mine, { recursive: true });
+  const file = path.join(mine, 'model.safetensors');
+  const fd = fs.openSync(file, 'r+');
+  const len = Buffer.alloc(8);
+  fs.readSync(fd, len, 0, 8, 0);
+  const n = Number(len.readBigUInt64LE(0));
+  const head = Buffer.alloc(n);
+  fs.readSync(fd, head, 0, n, 8);
+  const header = JSON.parse(head.toString('utf8'));
+  for (const name of ['norm.weight', 'mtp.0.norm.weight']) {
+    const t = header[name];
+    if (!t || t.dtype !== 'BF16') throw new Error(`${file}: ${name} is not a BF16 tensor`);
+    const [begin, end] = t.data_offsets;
+    const v = Buffer.alloc(end - begin);
+    v.writeUInt16LE(0x4300, 0);
+    v.writeUInt16LE(0x4300, 2);
+    fs.writeSync(fd, v, 0, v.length, 8 + n + begin);
+  }
+  fs.closeSync(fd);
+  try {
+    fs.renameSync(mine, dir);
+  } catch (e) {
+    fs.rmSync(mine, { recursive: true, force: true });  // another file won the race
+  }
+  return dir;
+}
+
 // Resolves once the server prints its URL; rejects if it exits first. `ranks` > 1 starts it
 // under mpirun (DSV4_MPIEXEC) as that many processes; rank 0 serves.
-function startServer(extra = [], ranks = 1) {
-  const model = demoModel();
+function startServer(extra = [], ranks = 1, model = demoModel()) {
   const args = ['serve', '--model', model, '--port', '0', '--threads', '1', ...extra];
   const [cmd, argv] = ranks > 1
     ? [process.env.DSV4_MPIEXEC, ['--allow-run-as-root', '--oversubscribe', '-np', String(ranks), bin, ...args]]
@@ -86,4 +120,4 @@ async function collectChat(stream) {
   return { choices, usage };
 }
 
-module.exports = { startServer, metric, collectChat, demoModel };
+module.exports = { startServer, metric, collectChat, demoModel, agreeingModel };
