@@ -102,8 +102,11 @@ TEST(Cli, CommandHelpShowsThatCommandOnly) {
     EXPECT_EQ(r.status, 0) << cmd;
     EXPECT_EQ(r.output.rfind("Usage: dsv4 " + cmd + " [options]", 0), 0u) << r.output;
     EXPECT_NE(r.output.find(mark), std::string::npos) << cmd << ": " << r.output;
-    for (const auto& [other, other_mark] : own)
-      if (other != cmd) EXPECT_EQ(r.output.find(other_mark), std::string::npos) << cmd << " shows " << other;
+    for (const auto& [other, other_mark] : own) {
+      if (other != cmd) {
+        EXPECT_EQ(r.output.find(other_mark), std::string::npos) << cmd << " shows " << other;
+      }
+    }
   }
   // serve points at score for the options it shares; an unknown command is a usage error.
   EXPECT_NE(run_command(std::string(DSV4_BIN) + " serve -h").output.find("`dsv4 score --help`"), std::string::npos);

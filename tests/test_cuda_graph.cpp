@@ -251,7 +251,11 @@ TEST_F(CudaGraph, ArgmaxIdsEqualArgmaxOfLogits) {
     if (tail == 1) graphs.step(Stack::Main, {{&a, toks.data() + i, 1, Rows::Last, got.data(), nullptr, nullptr}});
     if (tail == 2) graphs.step(Stack::Main, {{&a, toks.data() + i, 1, Rows::None, nullptr, nullptr, nullptr}});
     eager.step(Stack::Main, {{&b, toks.data() + i, 1, Rows::Last, l.data(), nullptr, nullptr}});
-    if (tail == 0) EXPECT_EQ(id, std::max_element(l.begin(), l.end()) - l.begin()) << "step " << i;
-    if (tail == 1) EXPECT_EQ(got, l) << "step " << i;
+    if (tail == 0) {
+      EXPECT_EQ(id, std::max_element(l.begin(), l.end()) - l.begin()) << "step " << i;
+    }
+    if (tail == 1) {
+      EXPECT_EQ(got, l) << "step " << i;
+    }
   }
 }

@@ -8,7 +8,7 @@ const { startServer, metric } = require('./harness.cjs');
 
 let srv, client;
 test.before(async () => {
-  srv = await startServer(['--max-batch', '2', '--max-queue', '1', '--ctx-size', '256']);
+  srv = await startServer(['--max-batch', '2', '--max-queue', '1', '--ctx-size', '4096']);
   client = new OpenAI({ baseURL: srv.base, apiKey: 'x', maxRetries: 0 });
 });
 test.after(async () => srv && srv.stop());
@@ -37,7 +37,7 @@ test('every bad input of issue 13 item 9 gets its status and a message naming it
     [JSON.stringify({ ...ok, stop: [1] }), 400, /stop/],
     [JSON.stringify({ ...ok, response_format: { type: 'json_object' } }), 400, /response_format/],
     [JSON.stringify({ ...ok, tool_choice: 'required' }), 400, /tool_choice/],
-    [JSON.stringify({ ...ok, messages: [{ role: 'user', content: 'word '.repeat(400) }] }), 400, /context/],
+    [JSON.stringify({ ...ok, messages: [{ role: 'user', content: 'word '.repeat(5000) }] }), 400, /context/],
     [JSON.stringify({ ...ok, messages: [{ role: 'user', content: [{ type: 'image_url', image_url: {} }] }] }), 400, /text parts/],
   ];
   for (const [body, status, re] of cases) {
@@ -77,8 +77,10 @@ test('oversized headers and a client that sends nothing do not stall the server'
 });
 
 test('overload: a full queue answers 503 with Retry-After, no hang', async () => {
-  // max-batch 2 + queue 1: a fourth concurrent long request must be refused.
-  const long = { model: 'demo', messages: [{ role: 'user', content: 'go on' }], max_tokens: 150, stream: true };
+  // max-batch 2 + queue 1: a fourth concurrent long request must be refused. The requests are
+  // long enough (the demo model decodes hundreds of tokens a second) to be running still when
+  // the fourth arrives, on a loaded machine too; they are aborted at the end.
+  const long = { model: 'demo', messages: [{ role: 'user', content: 'go on' }], max_tokens: 3000, stream: true };
   const controllers = [];
   const started = [];
   const health = async () => (await fetch(srv.url + '/health')).json();
