@@ -163,7 +163,9 @@ Commands:
                          decoding stream and step, which the model verifies in the same step;
                          answers are identical to those without it (greedy or seeded); the
                          model needs its MTP block. Pays when the drafts are often right and
-                         the step is memory-bound (few streams); /metrics counts drafts
+                         the step is memory-bound (few streams); each draft is one pass of the
+                         MTP block and the output head (V4: ~1 GB read), so 1-2 on a CPU;
+                         /metrics counts drafts
       --threads N, --load M, --memory-budget M   (see score)
       --quiet            no log line per request
       SIGINT / SIGTERM stop it; requests in flight end with an error.
