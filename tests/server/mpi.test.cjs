@@ -1,10 +1,12 @@
 // dsv4 serve under mpirun (issue 15): the server on rank 0, the model split over the ranks
 // (expert / tensor parallel). Every answer must be byte-identical to one process's, streamed or
-// not, with n > 1 (fork) and a prefix-cache hit (snapshot / restore on every rank).
+// not, with n > 1 (fork) and a prefix-cache hit (snapshot / restore on every rank), and with
+// speculative decoding (the MTP block's drafts and their rewinds on every rank). The model is
+// the demo model made to draft right now and then (harness.cjs agreeingModel).
 const test = require('node:test');
 const assert = require('node:assert');
 const { OpenAI } = require('openai');
-const { startServer, collectChat } = require('./harness.cjs');
+const { startServer, collectChat, agreeingModel } = require('./harness.cjs');
 
 const requests = [
   { messages: [{ role: 'user', content: 'Hello from rank zero' }], max_tokens: 12, temperature: 0.7, seed: 3 },
@@ -13,8 +15,8 @@ const requests = [
                { role: 'user', content: 'Again?' }], max_tokens: 8, temperature: 0, thinking: { type: 'disabled' } },
 ];
 
-async function answers(ranks, mode) {
-  const srv = await startServer(mode ? ['--parallel', mode] : [], ranks);
+async function answers(ranks, mode, extra = []) {
+  const srv = await startServer([...(mode ? ['--parallel', mode] : []), ...extra], ranks, agreeingModel());
   try {
     const client = new OpenAI({ baseURL: srv.base, apiKey: 'x', maxRetries: 0 });
     const out = [];
@@ -34,5 +36,6 @@ async function answers(ranks, mode) {
 
 test('2 and 3 ranks serve exactly what one process serves', async () => {
   const one = await answers(1);
-  for (const [ranks, mode] of [[2, 'ep'], [3, 'ep+tp']]) assert.deepStrictEqual(await answers(ranks, mode), one, `${ranks} ranks, ${mode}`);
+  for (const [ranks, mode, extra] of [[2, 'ep', ['--draft', '2']], [3, 'ep+tp', []]])
+    assert.deepStrictEqual(await answers(ranks, mode, extra), one, `${ranks} ranks, ${mode} ${extra.join(' ')}`);
 });
