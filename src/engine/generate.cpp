@@ -45,6 +45,18 @@ int64_t reuse_prefix(Engine& e, Session& s, const std::vector<int32_t>& prompt, 
 
 }  // namespace
 
+int64_t check_drafts(Sampler& sampler, const float* logits, int64_t V, const std::vector<int32_t>& drafts,
+                     const std::vector<int32_t>& history, const std::function<bool(int32_t id, int64_t rows)>& take) {
+  const int64_t n = static_cast<int64_t>(drafts.size());
+  int64_t rows = 0;
+  for (;;) {
+    const int32_t id = sampler.sample(logits + rows * V, V, history);
+    ++rows;
+    // A right draft: its row's logits are the next ones.
+    if (!take(id, rows) || rows > n || id != drafts[static_cast<size_t>(rows - 1)]) return rows;
+  }
+}
+
 GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
                         const TextSink& sink) {
   const ModelInfo& info = e.info();
@@ -145,14 +157,11 @@ GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& promp
     logits = std::move(e.step({req})[0].logits);
     ++r.steps;
     r.drafted += n;
-    int64_t used = 0;  // rows of logits consumed
-    for (;;) {
-      id = sampler.sample(logits.data() + used * V, V, history);
-      ++used;
-      go = take(id, base + used);
-      if (!go || used > n || id != drafts[used - 1]) break;
-      ++r.accepted;  // the draft was right: its row's logits are the next ones
-    }
+    const int64_t used = check_drafts(sampler, logits.data(), V, drafts, history, [&](int32_t pick, int64_t rows) {
+      id = pick;
+      return go = take(pick, base + rows);
+    });
+    r.accepted += used - 1;
     // The sequence keeps id's predecessor and the accepted drafts: base + used positions.
     if (s.seq.pos() > base + used) e.truncate(s.seq, base + used);
   }

@@ -37,6 +37,16 @@ struct GenerateResult {
 
 using TextSink = std::function<void(std::string_view)>;
 
+// Speculative decoding's check, after a step that fed a token and `drafts` after it with every
+// row's logits (V per row): the sampler picks from row 0, and goes on to each next row while its
+// pick equals the draft fed there, so every pick is the one decoding token by token makes.
+// take(id, rows) receives each pick with the rows consumed so far and returns false to stop
+// there; `history` is what the sampler's penalties see (take appends to it). Returns the rows
+// consumed: the sequence keeps its first (position before the step) + rows positions, and
+// rows - 1 drafts were confirmed.
+int64_t check_drafts(Sampler& sampler, const float* logits, int64_t V, const std::vector<int32_t>& drafts,
+                     const std::vector<int32_t>& history, const std::function<bool(int32_t id, int64_t rows)>& take);
+
 // A conversation's sequence plus a snapshot at the end of the last prompt, so a follow-up
 // prompt that shares a prefix with either prefills only the rest: a live sequence can rewind
 // kCheapRewind tokens cheaply; in thinking mode the next prompt drops the reasoning, so it

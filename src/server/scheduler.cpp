@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/generate.h"
 #include "engine/stop_filter.h"
 
 namespace dsv4::server {
@@ -295,25 +296,19 @@ int64_t Scheduler::drafts_for(const Active& a, const Choice& c) const {
   return std::max<int64_t>(0, std::min<int64_t>({opt_.draft, a.max_positions - c.seq.pos() - 1, left - 1}));
 }
 
-// After a step that fed c.next and c.drafts (logits of every row): the sampler picks from row 0,
-// and while its pick equals the next draft the following row is valid too; what follows the last
-// valid row is rewound. The picks are those of decoding one token per step.
-void Scheduler::verify(Active& a, Choice& c, const std::vector<int32_t>& drafts, const std::vector<float>& logits) {
-  const int64_t V = engine_.info().vocab, n = static_cast<int64_t>(drafts.size());
+// After a step that fed c.next and c.drafts with the logits of every row: the picks of
+// check_drafts (engine/generate.h) go out one by one; what follows the last valid row is rewound.
+void Scheduler::verify(Active& a, Choice& c, const std::vector<float>& logits) {
+  const int64_t V = engine_.info().vocab, n = static_cast<int64_t>(c.drafts.size());
   const int64_t base = c.seq.pos() - n - 1;  // before next
-  int64_t used = 0, accepted = 0;
-  for (;;) {
-    const float* row = logits.data() + used * V;
-    const int32_t id = c.sampler.sample(row, V, c.generated);
-    ++used;
-    c.keep = base + used;  // next and the drafts confirmed so far
-    emit_id(a, c, id, row);
-    if (c.done || used > n || id != drafts[static_cast<size_t>(used - 1)]) break;
-    ++accepted;
-  }
+  const int64_t used = check_drafts(c.sampler, logits.data(), V, c.drafts, c.generated, [&](int32_t id, int64_t rows) {
+    c.keep = base + rows;  // next and the drafts confirmed so far
+    emit_id(a, c, id, logits.data() + (rows - 1) * V);
+    return !c.done;
+  });
   c.keep = -1;
   if (!c.done && c.seq.pos() > base + used) engine_.truncate(c.seq, base + used);
-  metrics_.drafts(n, accepted);
+  metrics_.drafts(n, used - 1);
 }
 
 void Scheduler::finish_choice(Active& a, Choice& c, const std::string& reason) {
@@ -471,7 +466,7 @@ void Scheduler::step() {
       continue;
     }
     if (!slots[i].c->drafts.empty()) {
-      verify(a, *slots[i].c, slots[i].c->drafts, out[i].logits);
+      verify(a, *slots[i].c, out[i].logits);
     } else if (reqs[i].sampler) {
       emit_id(a, *slots[i].c, out[i].ids.at(0), nullptr);
     } else {

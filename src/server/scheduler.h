@@ -157,7 +157,7 @@ class Scheduler {
   void emit(Active& a, Choice& c, const float* logits);
   void emit_id(Active& a, Choice& c, int32_t id, const float* logits);
   int64_t drafts_for(const Active& a, const Choice& c) const;
-  void verify(Active& a, Choice& c, const std::vector<int32_t>& drafts, const std::vector<float>& logits);
+  void verify(Active& a, Choice& c, const std::vector<float>& logits);
 
   Engine& engine_;
   const SchedulerOptions opt_;
