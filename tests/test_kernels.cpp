@@ -297,6 +297,30 @@ TEST(Kernels, AVX512BatchInvariant) {
   run_isa_invariance(Isa::AVX512);
 }
 
+// Each token alone (fused, T=1) and a fused batch of 5 must give bit for bit what the whole
+// batch gives on the GEMM path.
+void expect_fused_equals_gemm(const QWeight& w, const Problem& p, const std::string& what) {
+  const int64_t NT = p.T;
+  set_qmatmul_fused_max_tokens(-1);
+  std::vector<float> alone(static_cast<size_t>(NT * p.ldy), kSentinel);
+  for (int64_t t = 0; t < NT; ++t) qmatmul(w, 0, w.rows, p.x.data() + t * p.ldx, p.ldx, 1, alone.data() + t * p.ldy, p.ldy);
+  Problem fused5 = p;
+  fused5.T = 5;
+  const std::vector<float> batch5 = run(w, fused5);
+  set_qmatmul_fused_max_tokens(0);
+  const std::vector<float> gemm = run(w, p);
+  set_qmatmul_fused_max_tokens(-1);
+  int bad = 0;
+  for (int64_t t = 0; t < NT; ++t)
+    for (int64_t r = 0; r < w.rows; ++r) {
+      const float want = gemm[t * p.ldy + r], got = alone[t * p.ldy + r];
+      const bool ok5 = t >= 5 || std::memcmp(&batch5[t * p.ldy + r], &want, sizeof(float)) == 0;
+      if ((std::memcmp(&got, &want, sizeof(float)) != 0 || !ok5) && bad++ < 5)
+        ADD_FAILURE() << what << ": token " << t << " row " << r << " fused " << got << " gemm " << want;
+    }
+  EXPECT_EQ(bad, 0) << what;
+}
+
 // MXFP4's AVX-512 GEMV defers block scales to the accumulators where that is exact
 // (qmatmul_kernels.inc, deferral_exact) and runs the canonical way elsewhere: either way every
 // output must be bit-identical to the GEMM path's (which never defers), and close to the
@@ -316,34 +340,39 @@ TEST(Kernels, AVX512DeferredScalesExact) {
       }
       const std::vector<float> deq = dequant_all(o.w);
       for (const float xscale : {1.0f, 1e-39f, 1e36f}) {
-        constexpr int64_t NT = 30;
-        Problem p = make_problem(o.w, 0, o.w.rows, NT, seed++);
+        Problem p = make_problem(o.w, 0, o.w.rows, 30, seed++);
         for (float& v : p.x)
           if (!std::isnan(v)) v *= xscale;
         const std::string what = std::to_string(cols) + " cols, extreme rows " + std::to_string(extreme_rows) +
                                  ", x scale " + std::to_string(xscale);
-        // Each token alone (fused, T=1) and a fused batch, against the whole batch on the GEMM path.
-        set_qmatmul_fused_max_tokens(-1);
-        std::vector<float> alone(static_cast<size_t>(NT * p.ldy), kSentinel);
-        for (int64_t t = 0; t < NT; ++t)
-          qmatmul(o.w, 0, o.w.rows, p.x.data() + t * p.ldx, p.ldx, 1, alone.data() + t * p.ldy, p.ldy);
-        Problem fused5 = p;
-        fused5.T = 5;
-        const std::vector<float> batch5 = run(o.w, fused5);
-        set_qmatmul_fused_max_tokens(0);
-        const std::vector<float> gemm = run(o.w, p);
-        set_qmatmul_fused_max_tokens(-1);
-        int bad = 0;
-        for (int64_t t = 0; t < NT; ++t)
-          for (int64_t r = 0; r < o.w.rows; ++r) {
-            const float want = gemm[t * p.ldy + r], got = alone[t * p.ldy + r];
-            const bool ok5 = t >= 5 || std::memcmp(&batch5[t * p.ldy + r], &want, sizeof(float)) == 0;
-            if ((std::memcmp(&got, &want, sizeof(float)) != 0 || !ok5) && bad++ < 5)
-              ADD_FAILURE() << what << ": token " << t << " row " << r << " fused " << got << " gemm " << want;
-          }
-        EXPECT_EQ(bad, 0) << what;
-        if (xscale == 1.0f) check_against_reference(o.w, deq, p, alone, what);
+        expect_fused_equals_gemm(o.w, p, what);
+        if (xscale == 1.0f) check_against_reference(o.w, deq, p, run(o.w, p), what);
       }
+    }
+  }
+}
+
+// AVX-512 FP8 decodes e4m3 * 2^-120 and scales x by 2^(b-7) on the fused path, which is exact
+// only for scale bytes b <= 134 and x * 2^(b-7) finite (DecFP8T): other calls run the wide
+// variant on the GEMM path. Every output must be bit-identical to the GEMM path's, and close to
+// the reference: real-range scales (the fast decode everywhere), one block at 2^13 or at 2^-124,
+// activations near the float limits (huge ones overflow x * 2^(b-7); subnormal ones must keep
+// their low bits).
+TEST(Kernels, AVX512Fp8RangeExact) {
+  require(Isa::AVX512);
+  IsaGuard guard(Isa::AVX512);
+  uint32_t seed = 600;
+  for (const int extreme : {0, 140, 3}) {
+    OwnedWeight o = make_weight(WFormat::FP8Block, 300, 2339, seed++);
+    if (extreme) o.scale[1 * o.w.scale_cols + 7] = static_cast<uint8_t>(extreme);  // rows 128..255
+    const std::vector<float> deq = dequant_all(o.w);
+    for (const float xscale : {1.0f, 1e-39f, 1e30f, 1e36f}) {
+      Problem p = make_problem(o.w, 0, o.w.rows, 30, seed++);
+      for (float& v : p.x)
+        if (!std::isnan(v)) v *= xscale;
+      const std::string what = "extreme scale byte " + std::to_string(extreme) + ", x scale " + std::to_string(xscale);
+      expect_fused_equals_gemm(o.w, p, what);
+      if (xscale == 1.0f) check_against_reference(o.w, deq, p, run(o.w, p), what);
     }
   }
 }

@@ -142,35 +142,89 @@ struct DecF16 : DecBase {
   TGTI static __m512 scale(const float*, int64_t) { return _mm512_setzero_ps(); }
 };
 
-// E4M3 -> F16 by moving the bits (sign to bit 15, exponent+mantissa to bits 7..13): the F16
-// value is exactly e4m3 * 2^-8, subnormals included, and vcvtph2ps widens it exactly. The 2^8
-// is folded into the block scale: 2^(b-127) * 2^8 = float with exponent field b + 8.
-struct DecFP8 : DecBase {
+// Of packed tokens: lsb, the smallest exponent of a nonzero x's last significant bit (normal x:
+// field - 150, subnormal: -149); emax, every |x| below 2^emax; sum_exp, above log2 of the largest
+// token sum of |x| (float sum, +1 for its rounding). emax and sum_exp are 1000 when not finite.
+TGT XStats x_range_stats(const float* px, int64_t T, int64_t ldx, int64_t n) {
+  XStats xs;
+  __m512i fmin = _mm512_set1_epi32(1000), fmax = _mm512_setzero_si512();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* p = px + t * ldx;
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t c = 0; c < n; c += 16) {
+      const __m512 v = _mm512_abs_ps(_mm512_loadu_ps(p + c));
+      sum = _mm512_add_ps(sum, v);
+      const __mmask16 nz = _mm512_cmpneq_ps_mask(v, _mm512_setzero_ps());
+      const __m512i field = _mm512_srli_epi32(_mm512_castps_si512(v), 23);
+      fmin = _mm512_mask_min_epi32(fmin, nz, fmin, _mm512_max_epi32(field, _mm512_set1_epi32(1)));
+      fmax = _mm512_max_epi32(fmax, field);
+    }
+    const float total = _mm512_reduce_add_ps(sum);
+    const int e = !(total <= std::numeric_limits<float>::max()) ? 1000 : total == 0.0f ? -1000 : std::ilogb(total) + 2;
+    xs.sum_exp = std::max(xs.sum_exp, e);
+  }
+  const int f = _mm512_reduce_min_epi32(fmin), fm = _mm512_reduce_max_epi32(fmax);
+  xs.lsb = f >= 1000 ? 1000 : f - 150;
+  xs.emax = fm >= 255 ? 1000 : std::max(fm, 1) - 126;
+  if (n >= (int64_t{1} << 22)) xs.sum_exp = 1000;  // deferral_exact's rounding-growth bound needs K < 2^22
+  return xs;
+}
+
+// E4M3 by moving the bits, no conversion instruction: the sign-extended byte shifted left by 20
+// puts exponent and mantissa in float bits 20..26 and copies of the sign in 27..31; clearing
+// 27..30 leaves a float that is exactly e4m3 * 2^-120, subnormals included (exponent 0 is a
+// float subnormal too). Three integer operations per 16 weights: vcvtph2ps, which the F16 route
+// (e4m3 * 2^-8 as F16, then widened) needs, costs more on AMD Zen 4 (docs/perf.md session 12:
+// the FP8 GEMV +10-16%). The 2^120 goes into the block scale: 2^(b-127) * 2^120, a float with
+// exponent field b + 120, finite only for b <= 134 (scales up to 2^7), and the fused path's x
+// times it must stay finite; fast_ok checks both per call. Outside that range the call runs the
+// wide variant (2^112 folded back into every weight vector, scale field b + 8) on the GEMM path,
+// which scales no x: the same exact products, so the same bits.
+template <bool Wide>
+struct DecFP8T : DecBase {
   static constexpr int G = 128, NSUB = 4, NV = 2, GB = 128, kSPG = 1;
   static constexpr bool kScaled = true, kPost = false, kRowScales = false;
+  static constexpr int kBias = Wide ? 8 : 120;  // the scale's exponent field is b + kBias
   struct St {
-    __m512i h;
+    const uint8_t* p;
   };
-  explicit DecFP8(const QWeight& w) : DecBase(w, w.cols, 128) {}
+  explicit DecFP8T(const QWeight& w) : DecBase(w, w.cols, 128) {}
   static constexpr int pos(int c) { return c; }
   TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
     const uint8_t* s = scales + (r / 128) * scale_cols + g0;
     const int64_t n = g1 - g0;
     for (int64_t i = 0; i < n; i += 16) {
       const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(first_lanes(n - i), s + i));
-      const __m512i f = _mm512_slli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(8)), 23);
+      const __m512i f = _mm512_slli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(kBias)), 23);
       _mm512_storeu_ps(sb + i, _mm512_castsi512_ps(f));
     }
   }
-  TGTI static void load(const uint8_t* gp, int sub, St& st) {
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 32 * sub));
-    const __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(b), 7);
-    st.h = _mm512_and_si512(h, _mm512_set1_epi16(static_cast<short>(0xBFFF)));
-  }
+  TGTI static void load(const uint8_t* gp, int sub, St& st) { st.p = gp + 32 * sub; }
   TGTI static __m512 vec(const St& st, int k) {
-    return k == 0 ? _mm512_cvtph_ps(_mm512_castsi512_si256(st.h)) : _mm512_cvtph_ps(_mm512_extracti64x4_epi64(st.h, 1));
+    const __m512i d = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(st.p + 16 * k)));
+    const __m512 v = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(d, 20), _mm512_set1_epi32(static_cast<int>(0x87FFFFFFu))));
+    if constexpr (Wide) return _mm512_mul_ps(v, _mm512_set1_ps(0x1p112f));
+    return v;
   }
   TGTI static __m512 scale(const float* sb, int64_t g) { return _mm512_set1_ps(sb[g]); }
+  TGT static XStats x_stats(const float* px, int64_t T, int64_t ldx, int64_t n) { return x_range_stats(px, T, ldx, n); }
+  // Whether rows [r0, r1) can run this decoder: their scale bytes b <= 134 and, when xs is given
+  // (the fused path scales x), every x * 2^(b-7) exact: below 2^128 and no bit below 2^-149.
+  bool fast_ok(int64_t r0, int64_t r1, const XStats* xs) const {
+    int bmin = 255, bmax = 0;
+    for (int64_t rb = r0 / 128; rb <= (r1 - 1) / 128; ++rb)
+      for (int64_t c = 0; c < nb; ++c) {
+        const int b = scales[rb * scale_cols + c];
+        bmin = std::min(bmin, b);
+        bmax = std::max(bmax, b);
+      }
+    if (bmax > 134) return false;
+    return !xs || (xs->emax + bmax - 7 <= 128 && (xs->lsb >= 1000 || xs->lsb + bmin - 7 >= -149));
+  }
+};
+struct DecFP8 : DecFP8T<false> {
+  using Wide = DecFP8T<true>;
+  using DecFP8T::DecFP8T;
 };
 
 // FP4: 64 bytes = 128 columns. Dword lane i holds bytes 4i..4i+3; shifting it right by 4k puts
@@ -259,31 +313,7 @@ struct DecMX : DecBase {
     const __m128i f = _mm_slli_epi32(_mm_add_epi32(_mm_cvtepu8_epi32(lb), _mm_set1_epi32(1)), 23);
     _mm_storeu_ps(sb + total, _mm_castsi128_ps(f));
   }
-  // lsb: the smallest exponent of a nonzero x's last significant bit (normal x: field - 150,
-  // subnormal: -149); sum_exp: above log2 of the largest token sum of |x| (float sum, +1 for its
-  // rounding), 1000 when not finite.
-  TGT static XStats x_stats(const float* px, int64_t T, int64_t ldx, int64_t n) {
-    XStats xs;
-    __m512i fmin = _mm512_set1_epi32(1000);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* p = px + t * ldx;
-      __m512 sum = _mm512_setzero_ps();
-      for (int64_t c = 0; c < n; c += 16) {
-        const __m512 v = _mm512_abs_ps(_mm512_loadu_ps(p + c));
-        sum = _mm512_add_ps(sum, v);
-        const __mmask16 nz = _mm512_cmpneq_ps_mask(v, _mm512_setzero_ps());
-        const __m512i f = _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(v), 23), _mm512_set1_epi32(1));
-        fmin = _mm512_mask_min_epi32(fmin, nz, fmin, f);
-      }
-      const float total = _mm512_reduce_add_ps(sum);
-      const int e = !(total <= std::numeric_limits<float>::max()) ? 1000 : total == 0.0f ? -1000 : std::ilogb(total) + 2;
-      xs.sum_exp = std::max(xs.sum_exp, e);
-    }
-    const int f = _mm512_reduce_min_epi32(fmin);
-    xs.lsb = f >= 1000 ? 1000 : f - 150;
-    if (n >= (int64_t{1} << 22)) xs.sum_exp = 1000;  // deferral_exact's rounding-growth bound needs K < 2^22
-    return xs;
-  }
+  TGT static XStats x_stats(const float* px, int64_t T, int64_t ldx, int64_t n) { return x_range_stats(px, T, ldx, n); }
   TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
   TGTI static void from_bits(__m512 r, St& st) { st.v = _mm512_castps_si512(r); }
   TGTI static __m512 vec(const St& st, int k) {
