@@ -359,6 +359,55 @@ TEST(Cli, BenchBatchRows) {
   EXPECT_EQ(run_command(std::string(DSV4_BIN) + " bench --model " + tiny() + "/model --batch 0 2>/dev/null").status, 2);
 }
 
+// --draft: a row per draft count, measured the way `generate --draft` decodes. On a model whose
+// MTP block often agrees with it, drafts are accepted; every step yields 1 + its accepted drafts.
+TEST(Cli, BenchDraftRows) {
+  const std::string agreeing = mtp_agreeing_model_dir();
+  if (agreeing.empty()) GTEST_SKIP() << "golden tiny-native not found";
+  constexpr int64_t gen = 6;
+  CommandResult r = run_command(std::string(DSV4_BIN) + " bench --model " + agreeing + " --prompt-len 16 --gen " +
+                                std::to_string(gen) + " --threads 2 --draft 1,3 --json 2>/dev/null");
+  ASSERT_EQ(r.status, 0);
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  ASSERT_EQ(j.at("drafts").size(), 2u);
+  int64_t accepted = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    const nlohmann::json& d = j["drafts"][i];
+    const int64_t n = i == 0 ? 1 : 3;
+    EXPECT_EQ(d.at("n").get<int64_t>(), n);
+    EXPECT_EQ(d.at("drafted").get<int64_t>(), gen * n);
+    const int64_t a = d.at("accepted").get<int64_t>();
+    EXPECT_GE(a, 0);
+    EXPECT_LE(a, gen * n);
+    accepted += a;
+    const double step_s = d.at("step_ms").get<double>() / 1e3, tok_s = d.at("tok_s").get<double>();
+    EXPECT_GT(d.at("draft_ms").get<double>(), 0.0);
+    EXPECT_LT(d.at("draft_ms").get<double>() / 1e3, step_s);
+    EXPECT_NEAR(tok_s * step_s * gen, static_cast<double>(gen + a), 0.01 * (gen + a));
+    // cost: the step in plain batch-1 steps (1 / decode_tok_s each).
+    EXPECT_NEAR(d.at("cost").get<double>(), step_s * j.at("decode_tok_s").get<double>(), 0.01 * d.at("cost").get<double>());
+    if (!d.at("break_even_acceptance").is_null()) {
+      EXPECT_GT(d.at("break_even_acceptance").get<double>(), 0.0);
+      EXPECT_LE(d.at("break_even_acceptance").get<double>(), 1.0);
+    }
+  }
+  EXPECT_GT(accepted, 0);
+  // Bad counts, no batch-1 baseline, a model without an MTP block.
+  const std::string tiny_model = tiny() + "/model";
+  EXPECT_EQ(run_command(std::string(DSV4_BIN) + " bench --model " + tiny_model + " --draft 0 2>/dev/null").status, 2);
+  EXPECT_EQ(run_command(std::string(DSV4_BIN) + " bench --model " + tiny_model + " --draft 17 2>/dev/null").status, 2);
+  EXPECT_EQ(run_command(std::string(DSV4_BIN) + " bench --model " + tiny_model + " --draft 1,x 2>/dev/null").status, 2);
+  EXPECT_EQ(run_command(std::string(DSV4_BIN) + " bench --model " + tiny_model + " --draft 1 --batch 2 2>/dev/null").status, 2);
+  const std::string nomtp = temp_dir("no-mtp");
+  for (const auto& e : fs::directory_iterator(tiny_model)) fs::copy(e.path(), nomtp, fs::copy_options::overwrite_existing);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(nomtp + "/config.json"));
+  cfg["num_nextn_predict_layers"] = 0;
+  std::ofstream(nomtp + "/config.json") << cfg.dump();
+  const CliRun none = dsv4_run("bench --model " + nomtp + " --prompt-len 4 --gen 1 --draft 1");
+  EXPECT_EQ(none.status, 1);
+  EXPECT_NE(none.err.find("has no MTP block"), std::string::npos) << none.err;
+}
+
 // --profile: per phase, the time inside matmul by weight and shape, and the rest; the rows
 // account for every matmul (their weight bytes sum to the decode bytes per token).
 TEST(Cli, BenchProfileAccountsForEveryMatmul) {

@@ -154,6 +154,15 @@ int cmd_bench(const Args& a) {
     if (b.empty() || *end != '\0' || v < 1 || v > 4096) throw Usage("--batch: '" + b + "' is not a batch size (1..4096)");
     o.batches.push_back(v);
   }
+  for (const std::string& d : a.has("draft") ? split_commas(a.str("draft")) : std::vector<std::string>{}) {
+    char* end = nullptr;
+    const long long v = std::strtoll(d.c_str(), &end, 10);
+    if (d.empty() || *end != '\0' || v < 1 || v > kCheapRewind)
+      throw Usage("--draft: '" + d + "' is not a draft count (1.." + std::to_string(kCheapRewind) + ")");
+    o.drafts.push_back(v);
+  }
+  if (!o.drafts.empty() && std::find(o.batches.begin(), o.batches.end(), 1) == o.batches.end())
+    throw Usage("--draft is measured against batch-1 decode: include 1 in --batch");
   if (o.profile && o.device != Device::Cpu) throw Usage("--profile times the CPU backend's matmuls: use it with --device cpu");
   a.check_all_used();
   BenchResult r = run_bench(o);

@@ -55,7 +55,8 @@ Commands:
       --out DIR          output directory (created)
       --preset NAME      tiny | small | demo | flash-proxy (default tiny); demo has the real
                          129280-token vocabulary so it can be paired with the real tokenizer;
-                         flash-proxy has V4-Flash layer dimensions (4 layers, 32 experts, ~5 GB)
+                         flash-proxy has V4-Flash layer dimensions (4 layers, 32 experts,
+                         an MTP block, ~5 GB)
       --format F         native | nvfp4 | hf-bf16 (default native)
       --seed S           random seed (default 0)
       --shards N         number of safetensors shards (default 1)
@@ -126,6 +127,11 @@ Commands:
       --batch LIST       decode batch sizes, e.g. 1,2,4,8 (default 1): B sequences forked
                          from the prefilled one decode together; a table of aggregate tok/s,
                          weight bytes per step and their share of the bandwidth
+      --draft LIST       also speculative decode with the MTP block, e.g. 1,2,3 drafts per
+                         step (1..16; needs 1 in --batch): per count, the time of a step
+                         (drafting, checking, rewinding) in plain steps, the drafts accepted
+                         and the acceptance rate at which drafting breaks even. Random
+                         weights accept no drafts: on them only the cost is real
       --threads N        worker threads (default: all cores)
       --load M, --memory-budget M   (see score)
       --device D         cpu | cuda (see score; --batch forks there too). On cuda only

@@ -10,6 +10,8 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "engine/generate.h"
+#include "engine/sampler.h"
 #include "kernels/cpu/qmatmul.h"
 #include "backends/cpu/ops.h"
 #include "tools/roofline.h"
@@ -48,6 +50,75 @@ std::vector<BenchStageRow> take_stages() {
 // The bandwidth probe's buffer must not count as the model's memory: reset the high-water mark.
 void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
+// The per-draft acceptance rate a at which n drafts give `cost` tokens per step (see
+// BenchResult::DraftRow), by bisection; 2 when even a = 1 (n + 1 tokens) falls short.
+double break_even_rate(int64_t n, double cost) {
+  auto tokens = [n](double a) {
+    double t = 0, p = 1;
+    for (int64_t k = 0; k <= n; ++k, p *= a) t += p;
+    return t;
+  };
+  if (tokens(1.0) < cost) return 2;
+  double lo = 0, hi = 1;
+  for (int i = 0; i < 60; ++i) (tokens((lo + hi) / 2) < cost ? lo : hi) = (lo + hi) / 2;
+  return hi;
+}
+
+// BenchOptions::drafts: an MTP sequence prefilled with the same prompt, then per draft count a
+// fork of it decodes o.gen greedy speculative steps the way `generate --draft` does (draft,
+// one step scoring the fed token and the drafts, check_drafts, rewind what was not confirmed).
+template <class Prefill>
+void measure_drafts(Engine& engine, const BenchOptions& o, Prefill& prefill, int32_t first, BenchResult& r) {
+  const int64_t V = engine.info().vocab, context = engine.info().context;
+  const double plain_step_s = r.decode_s / static_cast<double>(o.gen);  // batch 1 (checked up front)
+  std::fprintf(stderr, "bench: prefill %lld tokens of a sequence with the MTP block in step...\n",
+               static_cast<long long>(o.prompt_len));
+  SequenceOptions so;
+  so.mtp = true;
+  so.max_positions = std::min(context, o.prompt_len + 1);
+  Sequence mseq = engine.new_sequence(so);
+  prefill(mseq);
+  Sampler greedy(SamplingParams{});
+  const std::vector<int32_t> no_history;
+  for (int64_t n : o.drafts) {
+    std::fprintf(stderr, "bench: decode %lld speculative steps of %lld drafts...\n", static_cast<long long>(o.gen),
+                 static_cast<long long>(n));
+    Sequence f = engine.fork(mseq, std::min(context, mseq.pos() + o.gen * (n + 1) + 1));
+    BenchResult::DraftRow row;
+    row.n = n;
+    int32_t next = first;
+    int64_t tokens = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < o.gen; ++i) {
+      const auto td = std::chrono::steady_clock::now();
+      const std::vector<int32_t> drafts = engine.draft({{&f, next, n}})[0];
+      row.draft_s += seconds_since(td);
+      StepRequest req;
+      req.seq = &f;
+      req.tokens = {next};
+      req.tokens.insert(req.tokens.end(), drafts.begin(), drafts.end());
+      req.logits = Rows::All;
+      const int64_t base = f.pos();
+      const std::vector<float> logits = std::move(engine.step({req})[0].logits);
+      const int64_t used = check_drafts(greedy, logits.data(), V, drafts, no_history, [&](int32_t pick, int64_t) {
+        next = pick;
+        return true;
+      });
+      if (f.pos() > base + used) engine.truncate(f, base + used);
+      tokens += used;
+      row.drafted += n;
+      row.accepted += used - 1;
+    }
+    const double s = seconds_since(t0);
+    row.step_s = s / static_cast<double>(o.gen);
+    row.draft_s /= static_cast<double>(o.gen);
+    row.tok_s = static_cast<double>(tokens) / s;
+    row.cost = row.step_s / plain_step_s;
+    row.break_even = break_even_rate(n, row.cost);
+    r.draft_rows.push_back(row);
+  }
+}
+
 }  // namespace
 
 BenchResult run_bench(const BenchOptions& o) {
@@ -65,6 +136,11 @@ BenchResult run_bench(const BenchOptions& o) {
   r.device = cpu ? "cpu" : "cuda";
   for (int64_t b : o.batches)
     if (b < 1) throw Error("bench: --batch sizes must be >= 1, got " + std::to_string(b));
+  for (int64_t n : o.drafts)
+    if (n < 1 || n > kCheapRewind)
+      throw Error("bench: --draft counts must be in [1, " + std::to_string(kCheapRewind) + "], got " + std::to_string(n));
+  if (!o.drafts.empty() && std::find(o.batches.begin(), o.batches.end(), 1) == o.batches.end())
+    throw Error("bench: --draft is measured against batch-1 decode: include 1 in --batch");
   if (cpu) {
     std::fprintf(stderr, "bench: measuring memory bandwidth and FMA peak (%d threads, %s)...\n", r.threads, r.isa.c_str());
     r.mem_bw_gb_s = measure_read_bandwidth(size_t{1} << 30, 5);
@@ -89,6 +165,7 @@ BenchResult run_bench(const BenchOptions& o) {
   r.parallel = info.parallel;
   r.mapped_weights_mb = info.weight_bytes / (1024.0 * 1024.0);
   const int64_t V = info.vocab;
+  if (!o.drafts.empty() && !info.has_mtp) throw Error(info.dir + " has no MTP block to draft with", ErrorKind::Unsupported);
 
   // Deterministic pseudo-random prompt (avoids special ids 0/1).
   uint64_t x = 0x9e3779b97f4a7c15ull;
@@ -112,14 +189,19 @@ BenchResult run_bench(const BenchOptions& o) {
   // As generation does: one step, or chunks of o.chunk (long prompts: a step's activations grow
   // with its tokens).
   const int64_t chunk = o.chunk > 0 ? o.chunk : o.prompt_len;
-  std::vector<StepResult> res;
-  for (int64_t p = 0; p < o.prompt_len; p += chunk) {
-    const int64_t e = std::min(o.prompt_len, p + chunk);
-    res = engine.step({{&seq, std::vector<int32_t>(prompt.begin() + p, prompt.begin() + e), e == o.prompt_len ? Rows::Last : Rows::None}});
-    if (e < o.prompt_len)  // long prompts take minutes: say how far
-      std::fprintf(stderr, "bench: prefill %lld / %lld tokens, %.1f tok/s so far\n", static_cast<long long>(e),
-                   static_cast<long long>(o.prompt_len), static_cast<double>(e) / seconds_since(t0));
-  }
+  auto prefill = [&](Sequence& sq) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<StepResult> out;
+    for (int64_t p = 0; p < o.prompt_len; p += chunk) {
+      const int64_t e = std::min(o.prompt_len, p + chunk);
+      out = engine.step({{&sq, std::vector<int32_t>(prompt.begin() + p, prompt.begin() + e), e == o.prompt_len ? Rows::Last : Rows::None}});
+      if (e < o.prompt_len)  // long prompts take minutes: say how far
+        std::fprintf(stderr, "bench: prefill %lld / %lld tokens, %.1f tok/s so far\n", static_cast<long long>(e),
+                     static_cast<long long>(o.prompt_len), static_cast<double>(e) / seconds_since(start));
+    }
+    return out;
+  };
+  std::vector<StepResult> res = prefill(seq);
   double prefill_s = seconds_since(t0);
   MatmulCounters mid = matmul_counters();
   if (profile) r.prefill_profile = take_profile(), r.prefill_stages = take_stages();
@@ -164,6 +246,7 @@ BenchResult run_bench(const BenchOptions& o) {
       r.decode_sent_per_token = static_cast<double>(engine.bytes_sent() - sent0) / static_cast<double>(o.gen);
     }
   }
+  if (!o.drafts.empty()) measure_drafts(engine, o, prefill, first, r);
   r.kv_positions = seq.pos();
   r.kv_bytes = static_cast<double>(seq.cache_bytes());
   r.kv_bound_bytes = static_cast<double>(engine.sequence_bytes(seq.pos()));
@@ -244,6 +327,39 @@ std::string profile_table(const char* phase, const std::vector<BenchProfileRow>&
   return out + buf;
 }
 
+std::string drafts_json(const std::vector<BenchResult::DraftRow>& rows) {
+  std::string out = "[";
+  char buf[512];
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& d = rows[i];
+    char be[32] = "null";  // no break-even: n + 1 tokens per step would not pay for the step
+    if (d.break_even <= 1) std::snprintf(be, sizeof be, "%.4f", d.break_even);
+    std::snprintf(buf, sizeof buf,
+                  "%s{\"n\": %lld, \"step_ms\": %.4g, \"draft_ms\": %.4g, \"drafted\": %lld, \"accepted\": %lld, "
+                  "\"tok_s\": %.4g, \"cost\": %.4f, \"break_even_acceptance\": %s}",
+                  i ? ", " : "", static_cast<long long>(d.n), 1e3 * d.step_s, 1e3 * d.draft_s, static_cast<long long>(d.drafted),
+                  static_cast<long long>(d.accepted), d.tok_s, d.cost, be);
+    out += buf;
+  }
+  return out + "]";
+}
+
+std::string drafts_table(const std::vector<BenchResult::DraftRow>& rows) {
+  std::string out =
+      "speculative decode with the MTP block, greedy (cost: a step in plain batch-1 steps, the tokens it must yield to\n"
+      "pay; break-even: the per-draft acceptance that yields them, each draft right with that probability after a right one)\n"
+      "  drafts  ms/step  drafting   cost  accepted   tok/s  break-even\n";
+  char buf[256];
+  for (const auto& d : rows) {
+    char be[16] = "never";
+    if (d.break_even <= 1) std::snprintf(be, sizeof be, "%.2f", d.break_even);
+    std::snprintf(buf, sizeof buf, "  %6lld %8.1f %9.1f %6.2f %4lld/%-4lld %7.2f  %10s\n", static_cast<long long>(d.n), 1e3 * d.step_s,
+                  1e3 * d.draft_s, d.cost, static_cast<long long>(d.accepted), static_cast<long long>(d.drafted), d.tok_s, be);
+    out += buf;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string bench_json(const BenchResult& r) {
@@ -280,6 +396,10 @@ std::string bench_json(const BenchResult& r) {
     }
     out += "]}";
   }
+  if (!r.draft_rows.empty()) {
+    out.pop_back();
+    out += ", \"drafts\": " + drafts_json(r.draft_rows) + "}";
+  }
   if (!r.prefill_profile.empty() || !r.decode_profile.empty()) {
     out.pop_back();  // the closing brace
     out += ", \"profile\": {\"prefill\": " + profile_json(r.prefill_profile, r.prefill_stages, r.prefill_s) +
@@ -298,7 +418,7 @@ std::string bench_table(const BenchResult& r) {
                   "memory    host peak RSS %.0f MB, weights %.0f MB\n",
                   r.device.c_str(), r.load.c_str(), static_cast<long long>(r.prompt_len), r.prefill_tok_s,
                   static_cast<long long>(r.gen), r.decode_tok_s, r.peak_rss_mb, r.mapped_weights_mb);
-    return buf;
+    return buf + (r.draft_rows.empty() ? std::string() : drafts_table(r.draft_rows));
   }
   std::snprintf(buf, sizeof buf,
                 "threads %d, isa %s, weights loaded by %s\n"
@@ -330,6 +450,7 @@ std::string bench_table(const BenchResult& r) {
       out += buf;
     }
   }
+  if (!r.draft_rows.empty()) out += drafts_table(r.draft_rows);
   if (!r.prefill_profile.empty()) out += profile_table("prefill", r.prefill_profile, r.prefill_stages, r.prefill_s);
   if (!r.decode_profile.empty()) out += profile_table("decode", r.decode_profile, r.decode_stages, r.decode_s);
   const bool has_batch1 = std::any_of(r.batch_rows.begin(), r.batch_rows.end(), [](const auto& b) { return b.batch == 1; });

@@ -24,6 +24,10 @@ struct BenchOptions {
   // Decode batch sizes: for each B, B sequences forked from the prefilled one (each then fed
   // its own first token, so they route to different experts) decode `gen` steps together.
   std::vector<int64_t> batches = {1};
+  // Speculative decode with the MTP block: for each n, a fork of an MTP sequence (prefilled
+  // like the main one) decodes `gen` greedy steps of n drafts each, as `generate --draft n`
+  // does, against the batch-1 decode (which must be among `batches`).
+  std::vector<int64_t> drafts;
   // CPU: also time every matmul by weight format and shape (two clock reads per call).
   bool profile = false;
   int64_t memory_budget = 0;  // EngineOptions::memory_budget
@@ -74,6 +78,16 @@ struct BenchResult {
     std::vector<BenchStageRow> stages;
   };
   std::vector<BatchRow> batch_rows;
+  // Per draft count (BenchOptions::drafts): time per speculative step (drafting + the step that
+  // checks the drafts + the rewind), of which drafting; drafts made and accepted; tokens/s; the
+  // step's cost in plain batch-1 steps (what the tokens per step must reach to break even), and
+  // the per-draft acceptance rate a at which it does: (1 - a^(n+1)) / (1 - a) tokens per step
+  // if each draft is right with probability a once its predecessor was (2 when never).
+  struct DraftRow {
+    int64_t n = 0, drafted = 0, accepted = 0;
+    double step_s = 0, draft_s = 0, tok_s = 0, cost = 0, break_even = 0;
+  };
+  std::vector<DraftRow> draft_rows;
   // With BenchOptions::profile: time inside matmul per weight and shape, per phase (decode: the
   // batch-1 steps, or the first batch size's without them; every size's in batch_rows).
   std::vector<BenchProfileRow> prefill_profile, decode_profile;

@@ -64,12 +64,13 @@ const std::vector<Preset>& presets() {
         .moe_inter = 64, .n_hash = 1, .window = 16, .index_heads = 2, .index_dim = 128,
         .index_topk = 4, .compress_ratios = {0, 4, 16, 4, 0}}},
       // Benchmark proxy: the real V4-Flash layer dimensions with 4 layers (window, CSA, HCA,
-      // CSA), 32 experts and no MTP block, so it fits in a few GB.
+      // CSA) and 32 experts, so it fits in a few GB; one MTP block as V4-Flash has (what a
+      // draft costs: `bench --draft`).
       {"flash-proxy",
        {.vocab = 129280, .dim = 4096, .n_layers = 4, .n_heads = 64, .head_dim = 512, .rope_dim = 64,
         .q_lora = 1024, .o_groups = 8, .o_lora = 1024, .n_experts = 32, .n_active = 6,
         .moe_inter = 2048, .n_hash = 1, .window = 128, .index_heads = 64, .index_dim = 128,
-        .index_topk = 512, .compress_ratios = {0, 4, 128, 4, 0}, .n_mtp = 0, .route_scale = 1.5}},
+        .index_topk = 512, .compress_ratios = {0, 4, 128, 4, 0}, .route_scale = 1.5}},
   };
   return table;
 }
