@@ -80,7 +80,8 @@ Commands:
       --draft N          speculative decoding: the MTP block drafts N tokens (1..16) that
                          the model verifies in one step, keeping each while the sampler picks
                          it; output identical to the same options without --draft (greedy or
-                         seeded); acceptance is reported on stderr
+                         seeded); acceptance is reported on stderr; what a draft costs on
+                         this machine: `dsv4 bench --draft 1,2`
       --reasoning-effort max   the official encoder's maximum-effort instruction
       --tokenizer DIR    tokenizer.json location (default: the model directory)
       --context N        context limit in tokens (default: the model's max positions)
@@ -170,8 +171,8 @@ Commands:
                          answers are identical to those without it (greedy or seeded); the
                          model needs its MTP block. Pays when the drafts are often right and
                          the step is memory-bound (few streams); each draft is one pass of the
-                         MTP block and the output head (V4: ~1 GB read), so 1-2 on a CPU;
-                         /metrics counts drafts
+                         MTP block and the output head (V4: ~1 GB read), so 1-2 on a CPU
+                         (`dsv4 bench --draft 1,2` measures the cost); /metrics counts drafts
       --threads N, --load M, --memory-budget M   (see score)
       --quiet            no log line per request
       SIGINT / SIGTERM stop it; requests in flight end with an error.
