@@ -352,27 +352,30 @@ TEST(Kernels, AVX512DeferredScalesExact) {
   }
 }
 
-// AVX-512 FP8 decodes e4m3 * 2^-120 and scales x by 2^(b-7) on the fused path, which is exact
-// only for scale bytes b <= 134 and x * 2^(b-7) finite (DecFP8T): other calls run the wide
-// variant on the GEMM path. Every output must be bit-identical to the GEMM path's, and close to
-// the reference: real-range scales (the fast decode everywhere), one block at 2^13 or at 2^-124,
-// activations near the float limits (huge ones overflow x * 2^(b-7); subnormal ones must keep
-// their low bits).
-TEST(Kernels, AVX512Fp8RangeExact) {
-  require(Isa::AVX512);
-  IsaGuard guard(Isa::AVX512);
-  uint32_t seed = 600;
-  for (const int extreme : {0, 140, 3}) {
-    OwnedWeight o = make_weight(WFormat::FP8Block, 300, 2339, seed++);
-    if (extreme) o.scale[1 * o.w.scale_cols + 7] = static_cast<uint8_t>(extreme);  // rows 128..255
-    const std::vector<float> deq = dequant_all(o.w);
-    for (const float xscale : {1.0f, 1e-39f, 1e30f, 1e36f}) {
-      Problem p = make_problem(o.w, 0, o.w.rows, 30, seed++);
-      for (float& v : p.x)
-        if (!std::isnan(v)) v *= xscale;
-      const std::string what = "extreme scale byte " + std::to_string(extreme) + ", x scale " + std::to_string(xscale);
-      expect_fused_equals_gemm(o.w, p, what);
-      if (xscale == 1.0f) check_against_reference(o.w, deq, p, run(o.w, p), what);
+// The AVX2 and AVX-512 FP8 decoders build e4m3 * 2^-120 and the fused path scales x by 2^(b-7),
+// which is exact only for scale bytes b <= 134 and x * 2^(b-7) finite (qmatmul_kernels.inc,
+// fp8_fast_ok): other calls run the wide variant on the GEMM path. Every output must be
+// bit-identical to the GEMM path's, and close to the reference: real-range scales (the fast
+// decode everywhere), one block at 2^13 or at 2^-124, activations near the float limits (huge
+// ones overflow x * 2^(b-7); subnormal ones must keep their low bits).
+TEST(Kernels, Fp8RangeExact) {
+  for (Isa isa : {Isa::AVX2, Isa::AVX512}) {
+    if (!isa_supported(isa)) continue;
+    IsaGuard guard(isa);
+    uint32_t seed = 600;
+    for (const int extreme : {0, 140, 3}) {
+      OwnedWeight o = make_weight(WFormat::FP8Block, 300, 2339, seed++);
+      if (extreme) o.scale[1 * o.w.scale_cols + 7] = static_cast<uint8_t>(extreme);  // rows 128..255
+      const std::vector<float> deq = dequant_all(o.w);
+      for (const float xscale : {1.0f, 1e-39f, 1e30f, 1e36f}) {
+        Problem p = make_problem(o.w, 0, o.w.rows, 30, seed++);
+        for (float& v : p.x)
+          if (!std::isnan(v)) v *= xscale;
+        const std::string what = std::string(isa_name(isa)) + ": extreme scale byte " + std::to_string(extreme) +
+                                 ", x scale " + std::to_string(xscale);
+        expect_fused_equals_gemm(o.w, p, what);
+        if (xscale == 1.0f) check_against_reference(o.w, deq, p, run(o.w, p), what);
+      }
     }
   }
 }

@@ -136,28 +136,62 @@ struct DecF16 : DecBase {
   TGTI static __m256 scale(const float*, int64_t) { return _mm256_setzero_ps(); }
 };
 
-// See qmatmul_avx512.cpp: E4M3 bits moved into an F16 (value e4m3 * 2^-8), scale 2^(b-119).
-struct DecFP8 : DecBase {
+// Of packed tokens (n a multiple of 8): lsb, the smallest exponent of a nonzero x's last
+// significant bit; emax, every |x| below 2^emax (1000: not finite). See qmatmul_impl.h XStats;
+// sum_exp is not needed here (no deferred scales on AVX2).
+TGT XStats x_range_stats(const float* px, int64_t T, int64_t ldx, int64_t n) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF), one = _mm256_set1_epi32(1);
+  __m256i fmin = _mm256_set1_epi32(1000), fmax = _mm256_setzero_si256();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < n; c += 8) {
+      const __m256i v = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(px + t * ldx + c)), abs_mask);
+      const __m256i field = _mm256_srli_epi32(v, 23);
+      const __m256i zero = _mm256_cmpeq_epi32(v, _mm256_setzero_si256());
+      fmin = _mm256_min_epi32(fmin, _mm256_blendv_epi8(_mm256_max_epi32(field, one), _mm256_set1_epi32(1000), zero));
+      fmax = _mm256_max_epi32(fmax, field);
+    }
+  alignas(32) int32_t lo[8], hi[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lo), fmin);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(hi), fmax);
+  const int f = *std::min_element(lo, lo + 8), fm = *std::max_element(hi, hi + 8);
+  XStats xs;
+  xs.lsb = f >= 1000 ? 1000 : f - 150;
+  xs.emax = fm >= 255 ? 1000 : std::max(fm, 1) - 126;
+  return xs;
+}
+
+// See qmatmul_avx512.cpp DecFP8T: each e4m3 byte, sign-extended, shifted left by 20 and masked,
+// is the float e4m3 * 2^-120; block scales 2^(b-7) (exponent field b + 120), in range per call
+// by fp8_fast_ok, else the Wide variant (weights times 2^112, scale field b + 8) on the GEMM path.
+// On AMD Zen 4 in AVX2 mode it beat the F16 route (vcvtph2ps) it replaced: GEMV T = 1 +9-12%,
+// T = 8 about +4% (docs/perf.md session 12).
+template <bool Wide>
+struct DecFP8T : DecBase {
   static constexpr int G = 128, NSUB = 8, NV = 2, GB = 128, kSPG = 1;
   static constexpr bool kScaled = true, kPost = false, kRowScales = false;
+  static constexpr uint32_t kBias = Wide ? 8 : 120;  // the scale's exponent field is b + kBias
   struct St {
-    __m256i h;
+    const uint8_t* p;
   };
-  explicit DecFP8(const QWeight& w) : DecBase(w, w.cols, 128) {}
+  explicit DecFP8T(const QWeight& w) : DecBase(w, w.cols, 128) {}
   static constexpr int pos(int c) { return c; }
   void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
     const uint8_t* s = scales + (r / 128) * scale_cols;
-    for (int64_t g = g0; g < g1; ++g) sb[g - g0] = std::bit_cast<float>((static_cast<uint32_t>(s[g]) + 8u) << 23);
+    for (int64_t g = g0; g < g1; ++g) sb[g - g0] = std::bit_cast<float>((static_cast<uint32_t>(s[g]) + kBias) << 23);
   }
-  TGTI static void load(const uint8_t* gp, int sub, St& st) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gp + 16 * sub));
-    const __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
-    st.h = _mm256_and_si256(h, _mm256_set1_epi16(static_cast<short>(0xBFFF)));
-  }
+  TGTI static void load(const uint8_t* gp, int sub, St& st) { st.p = gp + 16 * sub; }
   TGTI static __m256 vec(const St& st, int k) {
-    return k == 0 ? _mm256_cvtph_ps(_mm256_castsi256_si128(st.h)) : _mm256_cvtph_ps(_mm256_extracti128_si256(st.h, 1));
+    const __m256i d = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(st.p + 8 * k)));
+    const __m256 v = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(d, 20), _mm256_set1_epi32(static_cast<int>(0x87FFFFFFu))));
+    if constexpr (Wide) return _mm256_mul_ps(v, _mm256_set1_ps(0x1p112f));
+    return v;
   }
   TGTI static __m256 scale(const float* sb, int64_t g) { return _mm256_broadcast_ss(sb + g); }
+  TGT static XStats x_stats(const float* px, int64_t T, int64_t ldx, int64_t n) { return x_range_stats(px, T, ldx, n); }
+};
+struct DecFP8 : DecFP8T<false> {
+  using Wide = DecFP8T<true>;
+  using DecFP8T::DecFP8T;
 };
 
 // FP4: 32 bytes = 64 columns; dword lane i >> 4k gives column 8i+k's nibble. vpermps (8-entry

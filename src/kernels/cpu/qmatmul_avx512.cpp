@@ -177,9 +177,9 @@ TGT XStats x_range_stats(const float* px, int64_t T, int64_t ldx, int64_t n) {
 // (e4m3 * 2^-8 as F16, then widened) needs, costs more on AMD Zen 4 (docs/perf.md session 12:
 // the FP8 GEMV +10-16%). The 2^120 goes into the block scale: 2^(b-127) * 2^120, a float with
 // exponent field b + 120, finite only for b <= 134 (scales up to 2^7), and the fused path's x
-// times it must stay finite; fast_ok checks both per call. Outside that range the call runs the
-// wide variant (2^112 folded back into every weight vector, scale field b + 8) on the GEMM path,
-// which scales no x: the same exact products, so the same bits.
+// times it must stay exact; fp8_fast_ok (qmatmul_kernels.inc) checks both per call. Outside that
+// range the call runs the wide variant (2^112 folded back into every weight vector, scale field
+// b + 8) on the GEMM path, which scales no x: the same exact products, so the same bits.
 template <bool Wide>
 struct DecFP8T : DecBase {
   static constexpr int G = 128, NSUB = 4, NV = 2, GB = 128, kSPG = 1;
@@ -208,19 +208,6 @@ struct DecFP8T : DecBase {
   }
   TGTI static __m512 scale(const float* sb, int64_t g) { return _mm512_set1_ps(sb[g]); }
   TGT static XStats x_stats(const float* px, int64_t T, int64_t ldx, int64_t n) { return x_range_stats(px, T, ldx, n); }
-  // Whether rows [r0, r1) can run this decoder: their scale bytes b <= 134 and, when xs is given
-  // (the fused path scales x), every x * 2^(b-7) exact: below 2^128 and no bit below 2^-149.
-  bool fast_ok(int64_t r0, int64_t r1, const XStats* xs) const {
-    int bmin = 255, bmax = 0;
-    for (int64_t rb = r0 / 128; rb <= (r1 - 1) / 128; ++rb)
-      for (int64_t c = 0; c < nb; ++c) {
-        const int b = scales[rb * scale_cols + c];
-        bmin = std::min(bmin, b);
-        bmax = std::max(bmax, b);
-      }
-    if (bmax > 134) return false;
-    return !xs || (xs->emax + bmax - 7 <= 128 && (xs->lsb >= 1000 || xs->lsb + bmin - 7 >= -149));
-  }
 };
 struct DecFP8 : DecFP8T<false> {
   using Wide = DecFP8T<true>;

@@ -20,7 +20,7 @@ void run_avx512(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_
 // Of the packed tokens a fused tile multiplies: every nonzero x is a multiple of 2^lsb, every
 // |x| is below 2^emax, every token's sum of |x| is below 2^sum_exp (1000: not finite). Decides
 // whether deferred scales are exact (qmatmul_kernels.inc, deferral_exact) and whether scaling x
-// is (AVX-512 FP8, DecFP8T::fast_ok).
+// is (FP8, fp8_fast_ok in qmatmul_kernels.inc).
 struct XStats {
   int lsb = 1000;
   int emax = -1000;
