@@ -365,8 +365,12 @@ TEST(Cli, BenchDraftRows) {
   const std::string agreeing = mtp_agreeing_model_dir();
   if (agreeing.empty()) GTEST_SKIP() << "golden tiny-native not found";
   constexpr int64_t gen = 6;
+  const std::string err = temp_dir("bench-draft") + "/stderr";
   CommandResult r = run_command(std::string(DSV4_BIN) + " bench --model " + agreeing + " --prompt-len 16 --gen " +
-                                std::to_string(gen) + " --threads 2 --draft 1,3 --json 2>/dev/null");
+                                std::to_string(gen) + " --threads 2 --draft 1,3 --json 2>" + err);
+  std::stringstream progress;
+  progress << std::ifstream(err).rdbuf();
+  SCOPED_TRACE("bench output: " + r.output + "\nstderr: " + progress.str());
   ASSERT_EQ(r.status, 0);
   const nlohmann::json j = nlohmann::json::parse(r.output);
   ASSERT_EQ(j.at("drafts").size(), 2u);
@@ -386,8 +390,10 @@ TEST(Cli, BenchDraftRows) {
     EXPECT_NEAR(tok_s * step_s * gen, static_cast<double>(gen + a), 0.01 * (gen + a));
     // cost: the step in plain batch-1 steps (1 / decode_tok_s each).
     EXPECT_NEAR(d.at("cost").get<double>(), step_s * j.at("decode_tok_s").get<double>(), 0.01 * d.at("cost").get<double>());
+    // null: even n + 1 tokens per step would not pay; 0 when the step costs no more than a plain
+    // one (a timing artefact on a busy machine, or a tiny model).
     if (!d.at("break_even_acceptance").is_null()) {
-      EXPECT_GT(d.at("break_even_acceptance").get<double>(), 0.0);
+      EXPECT_GE(d.at("break_even_acceptance").get<double>(), 0.0);
       EXPECT_LE(d.at("break_even_acceptance").get<double>(), 1.0);
     }
   }

@@ -51,13 +51,15 @@ std::vector<BenchStageRow> take_stages() {
 void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 // The per-draft acceptance rate a at which n drafts give `cost` tokens per step (see
-// BenchResult::DraftRow), by bisection; 2 when even a = 1 (n + 1 tokens) falls short.
+// BenchResult::DraftRow), by bisection; 0 when the step costs no more than a plain one, 2 when
+// even a = 1 (n + 1 tokens) falls short.
 double break_even_rate(int64_t n, double cost) {
   auto tokens = [n](double a) {
     double t = 0, p = 1;
     for (int64_t k = 0; k <= n; ++k, p *= a) t += p;
     return t;
   };
+  if (cost <= 1) return 0;
   if (tokens(1.0) < cost) return 2;
   double lo = 0, hi = 1;
   for (int i = 0; i < 60; ++i) (tokens((lo + hi) / 2) < cost ? lo : hi) = (lo + hi) / 2;

@@ -82,7 +82,8 @@ struct BenchResult {
   // checks the drafts + the rewind), of which drafting; drafts made and accepted; tokens/s; the
   // step's cost in plain batch-1 steps (what the tokens per step must reach to break even), and
   // the per-draft acceptance rate a at which it does: (1 - a^(n+1)) / (1 - a) tokens per step
-  // if each draft is right with probability a once its predecessor was (2 when never).
+  // if each draft is right with probability a once its predecessor was (0 when the step costs
+  // no more than a plain one, 2 when even n + 1 tokens fall short).
   struct DraftRow {
     int64_t n = 0, drafted = 0, accepted = 0;
     double step_s = 0, draft_s = 0, tok_s = 0, cost = 0, break_even = 0;
