@@ -39,10 +39,21 @@ inline nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(ss.str());
 }
 
+// A fresh directory under the system's temp directory, removed when the test process exits
+// (every run would otherwise leave its model copies behind: gigabytes after a few hundred runs).
 inline std::string temp_dir(const std::string& tag) {
+  struct Made {
+    std::vector<std::filesystem::path> dirs;
+    ~Made() {
+      std::error_code ec;
+      for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+    }
+  };
+  static Made made;
   auto p = std::filesystem::temp_directory_path() / ("dsv4-" + tag + "-" + std::to_string(::getpid()));
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
+  made.dirs.push_back(p);
   return p.string();
 }
 
