@@ -187,7 +187,6 @@ struct DecFP8T : DecBase {
     return v;
   }
   TGTI static __m256 scale(const float* sb, int64_t g) { return _mm256_broadcast_ss(sb + g); }
-  TGT static XStats x_stats(const float* px, int64_t T, int64_t ldx, int64_t n) { return x_range_stats(px, T, ldx, n); }
 };
 struct DecFP8 : DecFP8T<false> {
   using Wide = DecFP8T<true>;

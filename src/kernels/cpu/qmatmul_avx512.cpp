@@ -207,7 +207,6 @@ struct DecFP8T : DecBase {
     return v;
   }
   TGTI static __m512 scale(const float* sb, int64_t g) { return _mm512_set1_ps(sb[g]); }
-  TGT static XStats x_stats(const float* px, int64_t T, int64_t ldx, int64_t n) { return x_range_stats(px, T, ldx, n); }
 };
 struct DecFP8 : DecFP8T<false> {
   using Wide = DecFP8T<true>;
@@ -300,7 +299,6 @@ struct DecMX : DecBase {
     const __m128i f = _mm_slli_epi32(_mm_add_epi32(_mm_cvtepu8_epi32(lb), _mm_set1_epi32(1)), 23);
     _mm_storeu_ps(sb + total, _mm_castsi128_ps(f));
   }
-  TGT static XStats x_stats(const float* px, int64_t T, int64_t ldx, int64_t n) { return x_range_stats(px, T, ldx, n); }
   TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
   TGTI static void from_bits(__m512 r, St& st) { st.v = _mm512_castps_si512(r); }
   TGTI static __m512 vec(const St& st, int k) {
