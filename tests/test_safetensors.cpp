@@ -2,9 +2,11 @@
 // malformed input, each checking that the error names the file and the offending detail.
 #include "io/safetensors.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/bulk_read.h"
 
 namespace dsv4 {
 namespace {
@@ -249,6 +252,56 @@ TEST_F(SafeTensorsTest, ReadModeMatchesMmap) {
     EXPECT_EQ(std::memcmp(a.data, b.data, a.nbytes), 0) << name;
   }
   EXPECT_EQ(TensorStore::open_dir(dir_.string(), LoadMode::Auto).load_mode(), LoadMode::Read);
+}
+
+// The parallel reader: every span lands where it says, whatever the chunking and thread count,
+// and the progress counts every byte once.
+TEST_F(SafeTensorsTest, ReadSpansChunkedAndThreaded) {
+  const auto data = pattern(100003, 7);
+  write_raw(path("f"), "", {});  // replaced below: a plain file of `data`
+  {
+    std::ofstream out(path("f"), std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  }
+  const int fd = ::open(path("f").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  for (int threads : {1, 3}) {
+    for (size_t chunk : {size_t{1}, size_t{4096}, size_t{0}}) {
+      std::vector<char> dst(60000, 'x');
+      ReadProgress progress(50000, std::chrono::hours(1));
+      // Out of order, one empty, one ending at the file's last byte.
+      read_spans("f", fd, {{dst.data() + 30000, 70003, 30000}, {dst.data(), 0, 12345}, {dst.data() + 20000, 5, 0},
+                           {dst.data() + 12345, 40000, 7655}},
+                 &progress, threads, chunk == 1 ? 1000 : chunk);
+      EXPECT_EQ(progress.done(), 50000u);
+      EXPECT_EQ(std::memcmp(dst.data(), data.data(), 12345), 0);
+      EXPECT_EQ(std::memcmp(dst.data() + 12345, data.data() + 40000, 7655), 0);
+      EXPECT_EQ(std::memcmp(dst.data() + 30000, data.data() + 70003, 30000), 0);
+      EXPECT_EQ(dst[20000], 'x');
+      EXPECT_EQ(dst[29999], 'x');
+    }
+  }
+  // Past the end: the error names the file and the first byte that is not there.
+  std::vector<char> dst(5000);
+  for (int threads : {1, 2})
+    expect_error([&] { read_spans(path("f"), fd, {{dst.data(), 99003, 5000}}, nullptr, threads, 1024); },
+                 {path("f"), "read failed at byte 100003", "unexpected end of file"});
+  ::close(fd);
+}
+
+// Progress lines: one per interval while bytes arrive, none for the last bytes (the caller says
+// "read in ..." then).
+TEST(SafeTensorsReadProgress, LinesWhileReading) {
+  ::testing::internal::CaptureStderr();
+  ReadProgress p(uint64_t{4} << 30, std::chrono::milliseconds(0));
+  p.add(uint64_t{1} << 30);
+  p.add(uint64_t{1} << 30);
+  p.add(uint64_t{2} << 30);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("dsv4: read 1.1 of 4.3 GB (25%"), std::string::npos) << err;
+  EXPECT_NE(err.find("dsv4: read 2.1 of 4.3 GB (50%"), std::string::npos) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 2) << err;
+  EXPECT_EQ(p.done(), uint64_t{4} << 30);
 }
 
 TEST(SafeTensorsLoadMode, ParseAndName) {

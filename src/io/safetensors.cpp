@@ -15,12 +15,14 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 
 #include "core/error.h"
 #include "core/sysmem.h"
+#include "io/bulk_read.h"
 
 namespace dsv4 {
 
@@ -393,25 +395,21 @@ LoadMode parse_load_mode(const std::string& s) {
 }
 
 // Reads the whole file into fresh anonymous memory (huge pages advised), then makes it read-only.
-static void* read_into_memory(const std::string& path, int fd, size_t size) {
+static void* read_into_memory(const std::string& path, int fd, size_t size, ReadProgress* progress) {
   void* mem = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) fail(path, "cannot allocate " + std::to_string(size) + " bytes: " + std::strerror(errno));
   ::madvise(mem, size, MADV_HUGEPAGE);  // advice only: fine if THP is off
-  for (size_t off = 0; off < size;) {
-    const ssize_t k = ::pread(fd, static_cast<char*>(mem) + off, std::min<size_t>(size - off, size_t{1} << 26),
-                              static_cast<off_t>(off));
-    if (k <= 0) {
-      const std::string why = k == 0 ? "unexpected end of file" : std::strerror(errno);
-      ::munmap(mem, size);
-      fail(path, "read failed at byte " + std::to_string(off) + ": " + why);
-    }
-    off += static_cast<size_t>(k);
+  try {
+    read_spans(one_line(path), fd, {{static_cast<char*>(mem), 0, size}}, progress);
+  } catch (...) {
+    ::munmap(mem, size);
+    throw;
   }
   ::mprotect(mem, size, PROT_READ);
   return mem;
 }
 
-std::unique_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::string& path, LoadMode mode) {
+std::unique_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::string& path, LoadMode mode, ReadProgress* progress) {
   std::unique_ptr<SafeTensorsFile> f(new SafeTensorsFile());
   f->path_ = path;
 
@@ -426,7 +424,7 @@ std::unique_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::string& path, 
 
   void* map = nullptr;
   if (mode == LoadMode::Read) {
-    map = read_into_memory(path, fd.fd, size);
+    map = read_into_memory(path, fd.fd, size, progress);
   } else {
     map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.fd, 0);
     if (map == MAP_FAILED) fail(path, std::string("mmap failed: ") + std::strerror(errno));
@@ -454,7 +452,7 @@ size_t SafeTensorsFile::bytes_of(const ByteRange& range) const {
   return n;
 }
 
-void SafeTensorsFile::read_ranges(const ByteRange& range) {
+void SafeTensorsFile::read_ranges(const ByteRange& range, ReadProgress* progress) {
   DSV4_CHECK(copy_ == nullptr);
   size_t total = 0;
   for (const auto& [name, t] : tensors_) {
@@ -470,24 +468,45 @@ void SafeTensorsFile::read_ranges(const ByteRange& range) {
   ::madvise(mem, total, MADV_HUGEPAGE);  // advice only: fine if THP is off
   FdGuard fd{::open(path_.c_str(), O_RDONLY | O_CLOEXEC)};
   if (fd.fd < 0) fail(path_, std::string("cannot open: ") + std::strerror(errno));
+  // Where each read tensor goes; the tensors point there only once every byte has arrived.
+  std::vector<ReadSpan> spans;
+  std::vector<std::pair<TensorInfo*, char*>> moved;
   char* at = static_cast<char*>(mem);
   for (auto& [name, t] : tensors_) {
     const auto [b, e] = range(t);
     if (e <= b) continue;
     const size_t base = static_cast<size_t>(t.data - static_cast<const uint8_t*>(map_));
-    for (size_t off = b; off < e;) {
-      const ssize_t k = ::pread(fd.fd, at + off, std::min<size_t>(e - off, size_t{1} << 26), static_cast<off_t>(base + off));
-      if (k <= 0)
-        fail(path_, "read failed at byte " + std::to_string(base + off) + ": " + (k == 0 ? "unexpected end of file" : std::strerror(errno)));
-      off += static_cast<size_t>(k);
-    }
-    t.data = reinterpret_cast<const uint8_t*>(at);
+    spans.push_back({at + b, base + b, e - b});
+    moved.emplace_back(&t, at);
     at += align64(t.nbytes);
   }
+  read_spans(one_line(path_), fd.fd, spans, progress);
+  for (auto& [t, dst] : moved) t->data = reinterpret_cast<const uint8_t*>(dst);
   ::mprotect(mem, total, PROT_READ);
 }
 
 // ---- TensorStore ------------------------------------------------------------------------
+
+// `--load read` of more than 1 GiB says so on stderr when it starts, while it runs
+// (ReadProgress) and when it is done.
+class LoadReport {
+ public:
+  explicit LoadReport(uint64_t total) : total_(total), on_(total > (uint64_t{1} << 30)), progress_(total) {
+    if (on_) std::fprintf(stderr, "dsv4: reading %.1f GB of weights into memory...\n", static_cast<double>(total) / 1e9);
+  }
+  ReadProgress* progress() { return on_ ? &progress_ : nullptr; }
+  void finish() const {
+    if (!on_) return;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    std::fprintf(stderr, "dsv4: read in %.1f s (%.1f GB/s)\n", s, static_cast<double>(total_) / 1e9 / s);
+  }
+
+ private:
+  const uint64_t total_;
+  const bool on_;
+  const std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  ReadProgress progress_;
+};
 
 void TensorStore::hold(LoadMode mode, const ByteRange& range) {
   DSV4_CHECK(mode_ == LoadMode::Mmap);
@@ -500,8 +519,10 @@ void TensorStore::hold(LoadMode mode, const ByteRange& range) {
                     " are available (use --load mmap)",
                 ErrorKind::ResourceExhausted);
   mode_ = mode;
-  if (mode == LoadMode::Read)
-    for (auto& f : files_) f->read_ranges(range);
+  if (mode != LoadMode::Read) return;
+  LoadReport report(total);
+  for (auto& f : files_) f->read_ranges(range, report.progress());
+  report.finish();
 }
 
 TensorStore TensorStore::open_dir(const std::string& dir, LoadMode mode) {
@@ -544,13 +565,12 @@ TensorStore TensorStore::open_dir(const std::string& dir, LoadMode mode) {
                  "the pages a step touches are read again when evicted; this works, but decode runs at disk speed\n",
                  static_cast<double>(total) / gb, static_cast<double>(avail) / gb);
   store.mode_ = mode;
-  const bool report = mode == LoadMode::Read && total > (uint64_t{1} << 30);
-  const auto t0 = std::chrono::steady_clock::now();
-  if (report) std::fprintf(stderr, "dsv4: reading %.1f GB of weights into memory...\n", static_cast<double>(total) / 1e9);
+  std::optional<LoadReport> report;
+  if (mode == LoadMode::Read) report.emplace(total);
 
   std::map<std::string, const SafeTensorsFile*> by_shard;
   for (const auto& shard : shards) {
-    store.files_.push_back(SafeTensorsFile::open((fs::path(dir) / shard).string(), mode));
+    store.files_.push_back(SafeTensorsFile::open((fs::path(dir) / shard).string(), mode, report ? report->progress() : nullptr));
     const SafeTensorsFile& f = *store.files_.back();
     by_shard[shard] = &f;
     for (const auto& [name, info] : f.tensors()) {
@@ -566,10 +586,7 @@ TensorStore TensorStore::open_dir(const std::string& dir, LoadMode mode) {
       fail(index_path.string(), "tensor " + name + " is mapped to shard " + shard + " but " + f->path() +
                                     " does not contain it");
   }
-  if (report) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "dsv4: read in %.1f s (%.1f GB/s)\n", s, static_cast<double>(total) / 1e9 / s);
-  }
+  if (report) report->finish();
   return store;
 }
 

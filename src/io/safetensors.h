@@ -18,6 +18,7 @@ size_t dtype_size(DType t);             // bytes per element
 bool dtype_from_name(const std::string& s, DType* out);
 
 struct TensorInfo;
+class ReadProgress;  // io/bulk_read.h
 // The bytes [first, second) of a tensor a process needs ({0, 0}: none; {0, nbytes}: all).
 using ByteRange = std::function<std::pair<size_t, size_t>(const TensorInfo&)>;
 
@@ -52,7 +53,9 @@ LoadMode parse_load_mode(const std::string& s);  // "auto" | "mmap" | "read"; th
 
 class SafeTensorsFile {
  public:
-  static std::unique_ptr<SafeTensorsFile> open(const std::string& path, LoadMode mode = LoadMode::Mmap);  // throws dsv4::Error
+  // Read mode reports the bytes read to `progress` (may be null).
+  static std::unique_ptr<SafeTensorsFile> open(const std::string& path, LoadMode mode = LoadMode::Mmap,
+                                               ReadProgress* progress = nullptr);  // throws dsv4::Error
   ~SafeTensorsFile();
   SafeTensorsFile(const SafeTensorsFile&) = delete;
   SafeTensorsFile& operator=(const SafeTensorsFile&) = delete;
@@ -66,7 +69,7 @@ class SafeTensorsFile {
   // size of address space, but only the pages read become resident; tensors not read stay
   // mapped and, never touched, take no memory either. A process that holds only part of the
   // model (docs/parallel.md: some experts, some rows of a matrix) reads only that part.
-  void read_ranges(const ByteRange& range);
+  void read_ranges(const ByteRange& range, ReadProgress* progress = nullptr);
   size_t bytes_of(const ByteRange& range) const;
 
  private:
