@@ -321,30 +321,38 @@ void expect_fused_equals_gemm(const QWeight& w, const Problem& p, const std::str
   EXPECT_EQ(bad, 0) << what;
 }
 
-// MXFP4's AVX-512 GEMV defers block scales to the accumulators where that is exact
+// MXFP4's GEMV (AVX-512 and AVX2) defers block scales to the accumulators where that is exact
 // (qmatmul_kernels.inc, deferral_exact) and runs the canonical way elsewhere: either way every
 // output must be bit-identical to the GEMM path's (which never defers), and close to the
 // reference. Cases: real-range scales (deferred), a few rows with extreme scales (those tiles
 // fall back), subnormal activations and huge ones (deferral would round differently or
-// overflow: must fall back).
-TEST(Kernels, AVX512DeferredScalesExact) {
-  require(Isa::AVX512);
-  IsaGuard guard(Isa::AVX512);
+// overflow: must fall back); row lengths with and without a partial last group.
+void deferred_scales_exact(const std::string& isa);
+TEST(Kernels, DeferredScalesExact) {
+  for (Isa isa : {Isa::AVX2, Isa::AVX512}) {
+    if (!isa_supported(isa)) continue;
+    IsaGuard guard(isa);
+    deferred_scales_exact(isa_name(isa));
+  }
+}
+
+void deferred_scales_exact(const std::string& isa) {
   uint32_t seed = 500;
-  for (const int64_t cols : {4096, 2340}) {
+  for (const int64_t cols : {4096, 2340, 64}) {
     for (const bool extreme_rows : {false, true}) {
       OwnedWeight o = make_weight(WFormat::MXFP4, 70, cols, seed++, /*moderate=*/true);
       if (extreme_rows) {
-        o.scale[17 * o.w.scale_cols + 3] = 0;  // 2^-127 in row 17's tile
-        o.scale[50 * o.w.scale_cols + 40] = 240;  // 2^113 in row 50's tile
+        const int64_t sc = o.w.scale_cols;
+        o.scale[17 * sc + std::min<int64_t>(3, sc - 1)] = 0;     // 2^-127 in row 17's tile
+        o.scale[50 * sc + std::min<int64_t>(40, sc - 1)] = 240;  // 2^113 in row 50's tile
       }
       const std::vector<float> deq = dequant_all(o.w);
       for (const float xscale : {1.0f, 1e-39f, 1e36f}) {
         Problem p = make_problem(o.w, 0, o.w.rows, 30, seed++);
         for (float& v : p.x)
           if (!std::isnan(v)) v *= xscale;
-        const std::string what = std::to_string(cols) + " cols, extreme rows " + std::to_string(extreme_rows) +
-                                 ", x scale " + std::to_string(xscale);
+        const std::string what = isa + " " + std::to_string(cols) + " cols, extreme rows " +
+                                 std::to_string(extreme_rows) + ", x scale " + std::to_string(xscale);
         expect_fused_equals_gemm(o.w, p, what);
         if (xscale == 1.0f) check_against_reference(o.w, deq, p, run(o.w, p), what);
       }

@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "core/formats.h"
@@ -137,19 +139,29 @@ struct DecF16 : DecBase {
 };
 
 // Of packed tokens (n a multiple of 8): lsb, the smallest exponent of a nonzero x's last
-// significant bit; emax, every |x| below 2^emax (1000: not finite). See qmatmul_impl.h XStats;
-// sum_exp is not needed here (no deferred scales on AVX2).
+// significant bit; emax, every |x| below 2^emax (1000: not finite); sum_exp, every token's sum
+// of |x| below 2^sum_exp. See qmatmul_impl.h XStats.
 TGT XStats x_range_stats(const float* px, int64_t T, int64_t ldx, int64_t n) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF), one = _mm256_set1_epi32(1);
   __m256i fmin = _mm256_set1_epi32(1000), fmax = _mm256_setzero_si256();
-  for (int64_t t = 0; t < T; ++t)
+  int sum_exp = -1000;
+  for (int64_t t = 0; t < T; ++t) {
+    __m256 sum = _mm256_setzero_ps();
     for (int64_t c = 0; c < n; c += 8) {
       const __m256i v = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(px + t * ldx + c)), abs_mask);
+      sum = _mm256_add_ps(sum, _mm256_castsi256_ps(v));
       const __m256i field = _mm256_srli_epi32(v, 23);
       const __m256i zero = _mm256_cmpeq_epi32(v, _mm256_setzero_si256());
       fmin = _mm256_min_epi32(fmin, _mm256_blendv_epi8(_mm256_max_epi32(field, one), _mm256_set1_epi32(1000), zero));
       fmax = _mm256_max_epi32(fmax, field);
     }
+    alignas(32) float part[8];
+    _mm256_store_ps(part, sum);
+    float total = 0.0f;
+    for (float p : part) total += p;
+    const int e = !(total <= std::numeric_limits<float>::max()) ? 1000 : total == 0.0f ? -1000 : std::ilogb(total) + 2;
+    sum_exp = std::max(sum_exp, e);
+  }
   alignas(32) int32_t lo[8], hi[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lo), fmin);
   _mm256_store_si256(reinterpret_cast<__m256i*>(hi), fmax);
@@ -157,6 +169,7 @@ TGT XStats x_range_stats(const float* px, int64_t T, int64_t ldx, int64_t n) {
   XStats xs;
   xs.lsb = f >= 1000 ? 1000 : f - 150;
   xs.emax = fm >= 255 ? 1000 : std::max(fm, 1) - 126;
+  xs.sum_exp = n >= (int64_t{1} << 22) ? 1000 : sum_exp;  // deferral_exact's rounding-growth bound needs K < 2^22
   return xs;
 }
 
@@ -193,13 +206,37 @@ struct DecFP8 : DecFP8T<false> {
   using DecFP8T::DecFP8T;
 };
 
-// FP4: 32 bytes = 64 columns; dword lane i >> 4k gives column 8i+k's nibble. vpermps (8-entry
+// NVFP4: 32 bytes = 64 columns; dword lane i >> 4k gives column 8i+k's nibble. vpermps (8-entry
 // table) looks up the magnitude from bits 0..2 and the nibble's bit 3 is moved to the sign.
 TGTI __m256 fp4_vec(__m256i v, int k, __m256 mag) {
   const __m256i idx = k == 0 ? v : _mm256_srli_epi32(v, 4 * k);
   const __m256i sgn = k == 7 ? v : _mm256_slli_epi32(v, 28 - 4 * k);
   const __m256i sign = _mm256_and_si256(sgn, _mm256_set1_epi32(static_cast<int>(0x80000000u)));
   return _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, idx), _mm256_castsi256_ps(sign));
+}
+
+// MXFP4: 32 bytes = 64 columns per group, decoded by byte lookups instead: both nibbles of every
+// byte are looked up with vpshufb in two 16-byte tables, the low and high bytes of the value's
+// bf16 pattern (every e2m1 value, sign included, is exact in bf16), interleaved into words, and
+// each dword's two words put in the top half of a float lane by a shift or a mask, as for BF16
+// weights: no sign to move by hand. Two sub-steps (low nibbles, then high) keep two word vectors
+// per row live, so a tile holds 4 rows (4 FMA chains at T = 1) without spilling. On AMD Zen 4 in
+// AVX2 mode, with the deferred scales below, the MXFP4 GEMV ran +20-30% at T = 1-2 (docs/perf.md
+// session 13). NVFP4 stays on vpermps: its 16-column blocks would vary within a lane's vectors
+// here, and the byte reordering that fixes that made it 5-33% slower.
+// Layout: byte j = 16h + 8u + 2t + e of the group, nibble parity p (low nibble: even column);
+// sub-step p's word vector w[u] holds its value in word 2t + e of 128-bit half h, and vector
+// k = 2u + e of the sub-step in lane 4h + t. A 32-column block is a half: lane 4h + t lies in
+// block h.
+constexpr int mx_pos(int c) {
+  const int p = c & 1, j = c >> 1, h = j >> 4, u = (j >> 3) & 1, t = (j >> 1) & 3, e = j & 1;
+  return (4 * p + 2 * u + e) * 8 + 4 * h + t;
+}
+// The bf16 bit pattern of e2m1 code n (bit 3 the sign) halved.
+constexpr uint16_t mx_bf16(int n) {
+  constexpr float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = (n & 8 ? -mag[n & 7] : mag[n & 7]) / 2.0f;
+  return static_cast<uint16_t>(std::bit_cast<uint32_t>(v) >> 16);
 }
 
 // Scale rows with a scalar tail: n valid blocks from s, padded with zeros up to total.
@@ -230,21 +267,98 @@ struct CvtE4M3 {  // e4m3 value * 2^-8, exactly
   float one(uint8_t b) const { return e4m3_to_f32(b) * 0x1p-8f; }
 };
 
+// MXFP4 (see mx_pos): the table holds e2m1 / 2 and the scale is 2^(b-126), as in
+// qmatmul_avx512.cpp.
 struct DecMX : DecBase {
-  static constexpr int G = 64, NSUB = 1, NV = 8, GB = 32, kSPG = 2;
+  static constexpr int G = 64, NSUB = 2, NV = 4, GB = 32, kSPG = 2;
   static constexpr bool kScaled = true, kPost = false, kRowScales = true;
   struct St {
-    __m256i v;
+    __m256i w[2];
   };
   explicit DecMX(const QWeight& w) : DecBase(w, w.cols / 2, 32) {}
-  static constexpr int pos(int c) { return (c & 7) * 8 + (c >> 3); }
+  static constexpr int pos(int c) { return mx_pos(c); }
+  TGTI static __m256i table(bool high) {
+    alignas(16) uint8_t b[16] = {};
+    for (int n = 0; n < 16; ++n) b[n] = static_cast<uint8_t>(high ? mx_bf16(n) >> 8 : mx_bf16(n) & 0xFF);
+    return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(b)));
+  }
+  TGTI static void load(const uint8_t* gp, int sub, St& st) {
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp));
+    if (sub) b = _mm256_srli_epi16(b, 4);
+    const __m256i n = _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+    const __m256i lo = _mm256_shuffle_epi8(table(false), n), hi = _mm256_shuffle_epi8(table(true), n);
+    st.w[0] = _mm256_unpacklo_epi8(lo, hi);
+    st.w[1] = _mm256_unpackhi_epi8(lo, hi);
+  }
+  TGTI static __m256 vec(const St& st, int k) {
+    const __m256i w = st.w[k >> 1];
+    return _mm256_castsi256_ps(k & 1 ? _mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)))
+                                     : _mm256_slli_epi32(w, 16));
+  }
   TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
     const int64_t b0 = 2 * g0;
     prep_blocks(scales + r * scale_cols + b0, std::min(2 * g1, nb) - b0, 2 * (g1 - g0), sb, CvtE8M0p1{});
   }
-  TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp)); }
-  TGTI static __m256 vec(const St& st, int k) {
-    return fp4_vec(st.v, k, _mm256_setr_ps(0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.5f, 2.0f, 3.0f));
+  // Deferred scales (qmatmul_kernels.inc, kDeferScales), as DecMX in qmatmul_avx512.cpp: sb
+  // gets, per group and block, 2^(u_prev - u) (1 for the first group) and past the last group
+  // 2^u_last, u = byte - 126; padding blocks (past cols) take byte 126. br collects the bytes'
+  // range. The ratio fields 127 + prev - cur wrap on bytes when |prev - cur| > 126, but then the
+  // range fails deferral_exact and the tile is prepared again the canonical way.
+  struct ByteRange {
+    __m256i lo, hi;
+  };
+  TGT static ByteRange range_start() { return {_mm256_set1_epi8(static_cast<char>(0xFF)), _mm256_setzero_si256()}; }
+  TGT static void range_bytes(const ByteRange& br, int& lo, int& hi) {
+    __m128i c = _mm_min_epu8(_mm256_castsi256_si128(br.lo), _mm256_extracti128_si256(br.lo, 1));
+    __m128i d = _mm_max_epu8(_mm256_castsi256_si128(br.hi), _mm256_extracti128_si256(br.hi, 1));
+    c = _mm_min_epu8(c, _mm_srli_si128(c, 8));
+    d = _mm_max_epu8(d, _mm_srli_si128(d, 8));
+    c = _mm_min_epu8(c, _mm_srli_si128(c, 4));
+    d = _mm_max_epu8(d, _mm_srli_si128(d, 4));
+    c = _mm_min_epu8(c, _mm_srli_si128(c, 2));
+    d = _mm_max_epu8(d, _mm_srli_si128(d, 2));
+    c = _mm_min_epu8(c, _mm_srli_si128(c, 1));
+    d = _mm_max_epu8(d, _mm_srli_si128(d, 1));
+    lo = _mm_extract_epi8(c, 0);
+    hi = _mm_extract_epi8(d, 0);
+  }
+  TGT void prep_deferred(int64_t r, int64_t ng, float* sb, ByteRange& br) const {
+    const uint8_t* s = scales + r * scale_cols;
+    const int64_t total = 2 * ng;
+    auto byte = [&](int64_t j) -> uint8_t { return j < nb ? s[j] : 126; };
+    // 32 blocks at a time: cur = bytes [i, i + 32), prev = the same blocks of the previous group
+    // (2 bytes back; the first group's are its own). Read from the row where both lie in it (or,
+    // first, cur alone), else from copies (past nb: byte 126; past total: copies of byte i, outside the range).
+    for (int64_t i = 0; i < total; i += 32) {
+      __m256i cur, prev;
+      if (i >= 2 && i + 32 <= nb) {
+        cur = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+        prev = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i - 2));
+      } else if (i == 0 && 32 <= nb) {  // prev: cur moved up 2 bytes, its first 2 bytes kept
+        cur = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+        const __m256i up = _mm256_alignr_epi8(cur, _mm256_permute2x128_si256(cur, cur, 0x08), 14);
+        prev = _mm256_blendv_epi8(up, cur, _mm256_setr_epi16(-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+      } else {
+        alignas(32) uint8_t c[32], p[32];
+        for (int k = 0; k < 32; ++k) {
+          const int64_t j = i + k < total ? i + k : i;
+          c[k] = byte(j);
+          p[k] = byte(j < 2 ? j : j - 2);
+        }
+        cur = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
+        prev = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+      }
+      br.lo = _mm256_min_epu8(br.lo, cur);
+      br.hi = _mm256_max_epu8(br.hi, cur);
+      const __m256i field = _mm256_add_epi8(_mm256_sub_epi8(prev, cur), _mm256_set1_epi8(127));
+      for (int k = 0; k < 4; ++k) {
+        const __m128i q = k < 2 ? _mm256_castsi256_si128(field) : _mm256_extracti128_si256(field, 1);
+        const __m256i f = _mm256_cvtepu8_epi32(k & 1 ? _mm_srli_si128(q, 8) : q);
+        _mm256_storeu_ps(sb + i + 8 * k, _mm256_castsi256_ps(_mm256_slli_epi32(f, 23)));
+      }
+    }
+    for (int b = 0; b < 2; ++b)  // 2^u_last per block (written after the loop's overshoot)
+      sb[total + b] = std::bit_cast<float>(static_cast<uint32_t>(total > 0 ? byte(total - 2 + b) + 1 : 127) << 23);
   }
   TGTI static __m256 scale(const float* sb, int64_t g) {
     const __m256i idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
@@ -276,15 +390,14 @@ struct DecNV : DecBase {
 };
 
 // Fused path shapes (16 registers): rows R and token tile TTM for T = 1, 2, 3-4, more. T=1 takes
-// 4 rows, except FP4 whose decode needs more registers per row (2 rows, else it spills).
+// 4 rows, except NVFP4 whose decode needs more registers per row (2 rows, else it spills).
 template <int R_, int TTM_>
 struct Shape {
   static constexpr int R = R_, TTM = TTM_;
 };
 template <class D>
 struct FusedShapes {
-  static constexpr bool kFP4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
-  using S1 = Shape<kFP4 ? 2 : 4, 1>;
+  using S1 = Shape<std::is_same_v<D, DecNV> ? 2 : 4, 1>;
   using S2 = Shape<2, 2>;
   using S4 = Shape<1, 4>;
   using SN = Shape<1, 4>;
