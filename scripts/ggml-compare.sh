@@ -16,6 +16,10 @@
 #   GGML_BUILD_DIR     ggml's build (default build-ggml/, git-ignored); ggml is configured with its
 #                      default options plus GGML_CMAKE_ARGS (default empty), libraries ggml + ggml-cpu
 #   GGML_CMAKE_ARGS    extra ggml CMake options, e.g. "-DGGML_LLAMAFILE=ON" (llama.cpp's default)
+#   ISA=native         native: both sides use what the CPU has (ggml's default GGML_NATIVE build);
+#                      avx2: both sides limited to AVX2 + FMA + F16C, a stand-in for CPUs without
+#                      AVX-512 (AMD Zen 2/3, Intel client cores): ours with --isa avx2, ggml built
+#                      with GGML_NATIVE=OFF and its AVX2 options (default build dir build-ggml-avx2/)
 #   OMP_WAIT_POLICY    passed through to ggml (its default build runs its threads under OpenMP, whose
 #                      default spin-waiting collapses ggml's GEMV when another process takes a core;
 #                      "passive" sleeps instead); printed in the table's header when set
@@ -40,8 +44,20 @@ REPS=${REPS:-5}
 GIB=${GIB:-1}
 JOBS=${JOBS:-$(nproc)}
 DSV4_BUILD_DIR=${DSV4_BUILD_DIR:-$REPO/build}
+GGML_BUILD_DIR_SET=${GGML_BUILD_DIR:-}
 GGML_BUILD_DIR=${GGML_BUILD_DIR:-$REPO/build-ggml}
 GGML_CMAKE_ARGS=${GGML_CMAKE_ARGS:-}
+ISA=${ISA:-native}
+OUR_ISA=()
+case "$ISA" in
+  native) ;;
+  avx2)
+    OUR_ISA=(--isa avx2)
+    GGML_BUILD_DIR=${GGML_BUILD_DIR_SET:-$REPO/build-ggml-avx2}
+    GGML_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF $GGML_CMAKE_ARGS"
+    ;;
+  *) echo "ISA must be native or avx2, not '$ISA'" >&2; exit 2 ;;
+esac
 
 # ---------------------------------------------------------------- builds
 if [[ ! -f "$DSV4_BUILD_DIR/CMakeCache.txt" ]]; then
@@ -94,7 +110,7 @@ LOG=$GGML_BUILD_DIR/ggml-compare.log
 
 ours() {  # shape format -> GB/s (best pass)
   local line
-  line=$("$OURS" --only gemv --shape "$1" --format "$2" --no-probe --threads "$THREADS" --reps "$REPS" --gib "$GIB" |
+  line=$("$OURS" "${OUR_ISA[@]}" --only gemv --shape "$1" --format "$2" --no-probe --threads "$THREADS" --reps "$REPS" --gib "$GIB" |
     tee -a "$LOG" | awk -v f="$2" '$1 == f { print $4 }')
   [[ -n "$line" ]] || { echo "qmatmul_bench gave no $2 row (see $LOG)" >&2; exit 1; }
   echo "$line"
@@ -138,7 +154,7 @@ mmm() { sort -g "$1" | awk -v d="${2:-2}" '{ v[NR] = $1 } END { printf "%.*f / %
 echo
 echo "ggml-compare: $START, CPU \"$CPU\", $THREADS threads, $ROUNDS rounds (best of $REPS passes each),"
 echo "~$GIB GiB of weights per shape and side; load average before: $LOAD0; after: $LOAD1"
-echo "ggml: $GGML_SRC$GGML_REV, default CMake options${GGML_CMAKE_ARGS:+ + $GGML_CMAKE_ARGS}${OMP_WAIT_POLICY:+, OMP_WAIT_POLICY=$OMP_WAIT_POLICY}; GB/s of stored weight bytes"
+echo "ISA: $ISA; ggml: $GGML_SRC$GGML_REV, default CMake options${GGML_CMAKE_ARGS:+ + $GGML_CMAKE_ARGS}${OMP_WAIT_POLICY:+, OMP_WAIT_POLICY=$OMP_WAIT_POLICY}; GB/s of stored weight bytes"
 echo
 echo "| shape (rows x cols) | ours / ggml format | ours GB/s min / median / max | ggml GB/s min / median / max | ggml / ours per round, min / median / max |"
 echo "|---|---|---|---|---|"
