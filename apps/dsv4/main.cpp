@@ -30,7 +30,8 @@ Commands:
       --chunk C          prefill chunk size (default: all of the prefill in one chunk)
       --threads N        worker threads (default: all cores)
       --load M           auto | mmap | read: map the checkpoint files, or read them into
-                         memory (faster decode, costs a copy at start); auto reads when the
+                         memory (faster decode, costs a copy at start: several reads at once,
+                         a progress line every 10 s when over 1 GiB); auto reads when the
                          weights take at most half of the available memory (default auto);
                          read refuses weights larger than the available memory; mmap of such
                          a checkpoint works (decode then runs at disk speed) and says so
