@@ -13,7 +13,6 @@
 
 namespace dsv4 {
 
-
 ReadProgress::ReadProgress(uint64_t total, std::chrono::milliseconds every)
     : total_(total), every_(every), t0_(std::chrono::steady_clock::now()), last_(t0_) {}
 

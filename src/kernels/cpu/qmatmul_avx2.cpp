@@ -327,8 +327,9 @@ struct DecMX : DecBase {
     const int64_t total = 2 * ng;
     auto byte = [&](int64_t j) -> uint8_t { return j < nb ? s[j] : 126; };
     // 32 blocks at a time: cur = bytes [i, i + 32), prev = the same blocks of the previous group
-    // (2 bytes back; the first group's are its own). Read from the row where both lie in it (or,
-    // first, cur alone), else from copies (past nb: byte 126; past total: copies of byte i, outside the range).
+    // (2 bytes back; the first group's are its own). Read from the row where both lie in it (the
+    // first chunk: cur alone), else from copies: past nb byte 126, past total byte i again (so
+    // the range is unchanged; the ratios written there are overwritten or never read).
     for (int64_t i = 0; i < total; i += 32) {
       __m256i cur, prev;
       if (i >= 2 && i + 32 <= nb) {
