@@ -391,14 +391,16 @@ struct DecNV : DecBase {
 };
 
 // Fused path shapes (16 registers): rows R and token tile TTM for T = 1, 2, 3-4, more. T=1 takes
-// 4 rows, except NVFP4 whose decode needs more registers per row (2 rows, else it spills).
+// 8 rows (8 weight streams in flight; Zen 4 in AVX2 mode, alternating pairs against 4 rows: the
+// BF16 head from DRAM +28%, FP8 +6-12%, docs/perf.md session 13), MXFP4 4 (its decode holds two
+// word vectors per row) and NVFP4 2 (its decode needs more registers per row, else it spills).
 template <int R_, int TTM_>
 struct Shape {
   static constexpr int R = R_, TTM = TTM_;
 };
 template <class D>
 struct FusedShapes {
-  using S1 = Shape<std::is_same_v<D, DecNV> ? 2 : 4, 1>;
+  using S1 = Shape<std::is_same_v<D, DecNV> ? 2 : std::is_same_v<D, DecMX> ? 4 : 8, 1>;
   using S2 = Shape<2, 2>;
   using S4 = Shape<1, 4>;
   using SN = Shape<1, 4>;
