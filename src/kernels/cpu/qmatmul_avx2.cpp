@@ -18,6 +18,7 @@
 
 #include "core/formats.h"
 #include "core/threads.h"
+#include "kernels/cpu/byte_range.h"
 #include "kernels/cpu/qmatmul_impl.h"
 
 namespace dsv4::qmm {
@@ -311,16 +312,7 @@ struct DecMX : DecBase {
   TGT static void range_bytes(const ByteRange& br, int& lo, int& hi) {
     __m128i c = _mm_min_epu8(_mm256_castsi256_si128(br.lo), _mm256_extracti128_si256(br.lo, 1));
     __m128i d = _mm_max_epu8(_mm256_castsi256_si128(br.hi), _mm256_extracti128_si256(br.hi, 1));
-    c = _mm_min_epu8(c, _mm_srli_si128(c, 8));
-    d = _mm_max_epu8(d, _mm_srli_si128(d, 8));
-    c = _mm_min_epu8(c, _mm_srli_si128(c, 4));
-    d = _mm_max_epu8(d, _mm_srli_si128(d, 4));
-    c = _mm_min_epu8(c, _mm_srli_si128(c, 2));
-    d = _mm_max_epu8(d, _mm_srli_si128(d, 2));
-    c = _mm_min_epu8(c, _mm_srli_si128(c, 1));
-    d = _mm_max_epu8(d, _mm_srli_si128(d, 1));
-    lo = _mm_extract_epi8(c, 0);
-    hi = _mm_extract_epi8(d, 0);
+    byte_min_max(c, d, lo, hi);
   }
   TGT void prep_deferred(int64_t r, int64_t ng, float* sb, ByteRange& br) const {
     const uint8_t* s = scales + r * scale_cols;

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "core/threads.h"
+#include "kernels/cpu/byte_range.h"
 #include "kernels/cpu/qmatmul_impl.h"
 
 namespace dsv4::qmm {
@@ -254,16 +255,7 @@ struct DecMX : DecBase {
     __m256i b = _mm256_max_epu8(_mm512_castsi512_si256(br.hi), _mm512_extracti64x4_epi64(br.hi, 1));
     __m128i c = _mm_min_epu8(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
     __m128i d = _mm_max_epu8(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-    c = _mm_min_epu8(c, _mm_srli_si128(c, 8));
-    d = _mm_max_epu8(d, _mm_srli_si128(d, 8));
-    c = _mm_min_epu8(c, _mm_srli_si128(c, 4));
-    d = _mm_max_epu8(d, _mm_srli_si128(d, 4));
-    c = _mm_min_epu8(c, _mm_srli_si128(c, 2));
-    d = _mm_max_epu8(d, _mm_srli_si128(d, 2));
-    c = _mm_min_epu8(c, _mm_srli_si128(c, 1));
-    d = _mm_max_epu8(d, _mm_srli_si128(d, 1));
-    lo = _mm_extract_epi8(c, 0);
-    hi = _mm_extract_epi8(d, 0);
+    byte_min_max(c, d, lo, hi);
   }
   // The ratio fields 127 + prev - cur are computed on bytes, 64 blocks at a time: they wrap when
   // |prev - cur| > 126, but then the tile's byte range fails deferral_exact and the tile is
