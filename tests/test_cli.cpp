@@ -150,7 +150,10 @@ TEST(Cli, ScoreSeveralSequencesAndMtp) {
   ASSERT_EQ(mtp.shape, want.shape);
   std::vector<double> e = rel_l2_rows(mtp.data.data(), want.data.data(), mtp.shape[0], mtp.shape[1]);
   std::sort(e.begin(), e.end());
-  EXPECT_LE(e[e.size() / 2], 1e-4);
+  // The plumbing check (rows shifted or from the main head would be off by ~1): the default ISA's
+  // summation order can move the MTP rows by ~1e-4 past an fp8sim rounding flip; the golden
+  // thresholds proper are EngineMtp.GoldenLogits'.
+  EXPECT_LE(e[e.size() / 2], 1e-3);
   // One --out per --tokens; --mtp-out takes one sequence.
   EXPECT_EQ(dsv4_run("score" + m + " --tokens 1,2,3 --tokens 4,5,6 --out " + d + "/x.npy").status, 2);
   EXPECT_EQ(dsv4_run("score" + m + " --tokens 1,2,3 --out " + d + "/x.npy --tokens 4,5,6 --out " + d + "/y.npy --mtp-out " + d + "/z.npy").status, 2);

@@ -199,9 +199,9 @@ void run_isa_invariance(Isa isa) {
   }
 }
 
-void require(Isa isa) {
-  if (!isa_supported(isa)) GTEST_SKIP() << "CPU lacks " << isa_name(isa);
-}
+// A macro: GTEST_SKIP returns from the function it is written in, which must be the test body.
+#define REQUIRE_ISA(isa) \
+  if (!isa_supported(isa)) GTEST_SKIP() << "CPU lacks " << isa_name(isa)
 
 }  // namespace
 
@@ -264,36 +264,36 @@ TEST(Kernels, ScalarBatchInvariant) { run_isa_invariance(Isa::Scalar); }
 TEST(Kernels, ScalarLarge) { run_isa_large(Isa::Scalar); }
 
 TEST(Kernels, AVX2) {
-  require(Isa::AVX2);
+  REQUIRE_ISA(Isa::AVX2);
   run_isa_suite(Isa::AVX2);
 }
 TEST(Kernels, AVX2Large) {
-  require(Isa::AVX2);
+  REQUIRE_ISA(Isa::AVX2);
   run_isa_large(Isa::AVX2);
 }
 TEST(Kernels, AVX2ExactDecode) {
-  require(Isa::AVX2);
+  REQUIRE_ISA(Isa::AVX2);
   run_isa_exact(Isa::AVX2);
 }
 TEST(Kernels, AVX2BatchInvariant) {
-  require(Isa::AVX2);
+  REQUIRE_ISA(Isa::AVX2);
   run_isa_invariance(Isa::AVX2);
 }
 
 TEST(Kernels, AVX512) {
-  require(Isa::AVX512);
+  REQUIRE_ISA(Isa::AVX512);
   run_isa_suite(Isa::AVX512);
 }
 TEST(Kernels, AVX512Large) {
-  require(Isa::AVX512);
+  REQUIRE_ISA(Isa::AVX512);
   run_isa_large(Isa::AVX512);
 }
 TEST(Kernels, AVX512ExactDecode) {
-  require(Isa::AVX512);
+  REQUIRE_ISA(Isa::AVX512);
   run_isa_exact(Isa::AVX512);
 }
 TEST(Kernels, AVX512BatchInvariant) {
-  require(Isa::AVX512);
+  REQUIRE_ISA(Isa::AVX512);
   run_isa_invariance(Isa::AVX512);
 }
 

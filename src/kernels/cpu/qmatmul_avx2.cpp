@@ -185,18 +185,30 @@ struct DecFP8T : DecBase {
   static constexpr bool kScaled = true, kPost = false, kRowScales = false;
   static constexpr uint32_t kBias = Wide ? 8 : 120;  // the scale's exponent field is b + kBias
   struct St {
-    const uint8_t* p;
+    __m256i t;
   };
   explicit DecFP8T(const QWeight& w) : DecBase(w, w.cols, 128) {}
-  static constexpr int pos(int c) { return c; }
+  // Sub-step 2q + p reads bytes 32q.. (dword i: columns 32q + 4i + b); p = 0 takes the odd bytes
+  // (b = 3 in vector 0, b = 1 in vector 1), p = 1 the even ones (b = 2, then b = 0).
+  static constexpr int pos(int c) {
+    const int q = c >> 5, i = (c >> 2) & 7, b = c & 3;
+    return (2 * q + ((b & 1) ? 0 : 1)) * 16 + ((b >> 1) ? 0 : 1) * 8 + i;
+  }
   void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
     const uint8_t* s = scales + (r / 128) * scale_cols;
     for (int64_t g = g0; g < g1; ++g) sb[g - g0] = std::bit_cast<float>((static_cast<uint32_t>(s[g]) + kBias) << 23);
   }
-  TGTI static void load(const uint8_t* gp, int sub, St& st) { st.p = gp + 16 * sub; }
+  // Each word's high byte, arithmetic-shifted right by 4 within the word: the byte sits in bits
+  // 4-11 with its sign copied above (even bytes are moved up into the high byte first).
+  TGTI static void load(const uint8_t* gp, int sub, St& st) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 32 * (sub >> 1)));
+    st.t = _mm256_srai_epi16((sub & 1) ? _mm256_slli_epi16(v, 8) : v, 4);
+  }
+  // Vector 0 from the high word, vector 1 from the low word moved up; the mask keeps the sign and
+  // the 7 bits that make the float e4m3 * 2^-120.
   TGTI static __m256 vec(const St& st, int k) {
-    const __m256i d = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(st.p + 8 * k)));
-    const __m256 v = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(d, 20), _mm256_set1_epi32(static_cast<int>(0x87FFFFFFu))));
+    const __m256i w = k == 0 ? st.t : _mm256_slli_epi32(st.t, 16);
+    const __m256 v = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0x87F00000u))));
     if constexpr (Wide) return _mm256_mul_ps(v, _mm256_set1_ps(0x1p112f));
     return v;
   }
@@ -392,7 +404,7 @@ struct Shape {
 };
 template <class D>
 struct FusedShapes {
-  using S1 = Shape<std::is_same_v<D, DecNV> ? 2 : std::is_same_v<D, DecMX> ? 4 : 8, 1>;
+  using S1 = Shape<std::is_same_v<D, DecNV> ? 2 : (std::is_same_v<D, DecMX> || std::is_same_v<D, DecFP8>) ? 4 : 8, 1>;
   using S2 = Shape<2, 2>;
   using S4 = Shape<1, 4>;
   using SN = Shape<1, 4>;
