@@ -174,11 +174,15 @@ TGT XStats x_range_stats(const float* px, int64_t T, int64_t ldx, int64_t n) {
   return xs;
 }
 
-// See qmatmul_avx512.cpp DecFP8T: each e4m3 byte, sign-extended, shifted left by 20 and masked,
-// is the float e4m3 * 2^-120; block scales 2^(b-7) (exponent field b + 120), in range per call
-// by fp8_fast_ok, else the Wide variant (weights times 2^112, scale field b + 8) on the GEMM path.
-// On AMD Zen 4 in AVX2 mode it beat the F16 route (vcvtph2ps) it replaced: GEMV T = 1 +9-12%,
-// T = 8 about +4% (docs/perf.md session 12).
+// FP8 as on AVX-512 (qmatmul_avx512.cpp DecFP8T): a weight decodes to the float e4m3 * 2^-120 (its
+// 7 magnitude bits at 20-26, the sign at 31); block scales 2^(b-7) (exponent field b + 120), in
+// range per call by fp8_fast_ok, else the Wide variant (weights times 2^112, scale field b + 8) on
+// the GEMM path. The bytes get there without a widening shuffle: one 32-byte load serves two
+// sub-steps; a 16-bit arithmetic shift by 4 puts each word's high byte in bits 4-11 with its sign
+// above (the even bytes are moved into the high byte first), and the high word is masked in place,
+// the low one shifted up by 16: 9 integer operations per 32 weights instead of 12 with
+// vpmovsxbd, none of them a shuffle. On AMD Zen 3 (AVX2 only) GEMV T = 1 from DRAM +11% over the
+// vpmovsxbd decode at the same tile, T >= 2 level (docs/perf.md session 14).
 template <bool Wide>
 struct DecFP8T : DecBase {
   static constexpr int G = 128, NSUB = 8, NV = 2, GB = 128, kSPG = 1;
@@ -396,8 +400,10 @@ struct DecNV : DecBase {
 
 // Fused path shapes (16 registers): rows R and token tile TTM for T = 1, 2, 3-4, more. T=1 takes
 // 8 rows (8 weight streams in flight; Zen 4 in AVX2 mode, alternating pairs against 4 rows: the
-// BF16 head from DRAM +28%, FP8 +6-12%, docs/perf.md session 13), MXFP4 4 (its decode holds two
-// word vectors per row) and NVFP4 2 (its decode needs more registers per row, else it spills).
+// BF16 head from DRAM +28%, docs/perf.md session 13), FP8 and MXFP4 4 (their decodes hold a
+// vector per row across a sub-step: 8 rows spill; FP8 on Zen 3, 4 rows against 8: +8% with the
+// old decoder, +18% with this one, session 14) and NVFP4 2 (more registers per row, else it
+// spills).
 template <int R_, int TTM_>
 struct Shape {
   static constexpr int R = R_, TTM = TTM_;
