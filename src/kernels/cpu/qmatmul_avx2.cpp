@@ -223,24 +223,16 @@ struct DecFP8 : DecFP8T<false> {
   using DecFP8T::DecFP8T;
 };
 
-// NVFP4: 32 bytes = 64 columns; dword lane i >> 4k gives column 8i+k's nibble. vpermps (8-entry
-// table) looks up the magnitude from bits 0..2 and the nibble's bit 3 is moved to the sign.
-TGTI __m256 fp4_vec(__m256i v, int k, __m256 mag) {
-  const __m256i idx = k == 0 ? v : _mm256_srli_epi32(v, 4 * k);
-  const __m256i sgn = k == 7 ? v : _mm256_slli_epi32(v, 28 - 4 * k);
-  const __m256i sign = _mm256_and_si256(sgn, _mm256_set1_epi32(static_cast<int>(0x80000000u)));
-  return _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, idx), _mm256_castsi256_ps(sign));
-}
-
-// MXFP4: 32 bytes = 64 columns per group, decoded by byte lookups instead: both nibbles of every
+// FP4 (MXFP4 and NVFP4): 32 bytes = 64 columns per group, decoded by byte lookups: both nibbles of every
 // byte are looked up with vpshufb in two 16-byte tables, the low and high bytes of the value's
 // bf16 pattern (every e2m1 value, sign included, is exact in bf16), interleaved into words, and
 // each dword's two words put in the top half of a float lane by a shift or a mask, as for BF16
 // weights: no sign to move by hand. Two sub-steps (low nibbles, then high) keep two word vectors
-// per row live, so a tile holds 4 rows (4 FMA chains at T = 1) without spilling. On AMD Zen 4 in
-// AVX2 mode, with the deferred scales below, the MXFP4 GEMV ran +20-30% at T = 1-2 (docs/perf.md
-// session 13). NVFP4 stays on vpermps: its 16-column blocks would vary within a lane's vectors
-// here, and the byte reordering that fixes that made it 5-33% slower.
+// per row live, so an MXFP4 tile holds 4 rows (4 FMA chains at T = 1) without spilling. It
+// replaced a vpermps lookup (8 entries: the sign moved by hand, 5 operations per 8 weights): with
+// the deferred scales below, the MXFP4 GEMV at T = 1 ran +20-30% on AMD Zen 4 in AVX2 mode
+// (docs/perf.md session 13) and +71% on Zen 3 (session 14). NVFP4 takes per-vector scales
+// instead (DecNV): +14% at T = 1, +26% at T = 2 on Zen 3.
 // Layout: byte j = 16h + 8u + 2t + e of the group, nibble parity p (low nibble: even column);
 // sub-step p's word vector w[u] holds its value in word 2t + e of 128-bit half h, and vector
 // k = 2u + e of the sub-step in lane 4h + t. A 32-column block is a half: lane 4h + t lies in
@@ -249,12 +241,41 @@ constexpr int mx_pos(int c) {
   const int p = c & 1, j = c >> 1, h = j >> 4, u = (j >> 3) & 1, t = (j >> 1) & 3, e = j & 1;
   return (4 * p + 2 * u + e) * 8 + 4 * h + t;
 }
-// The bf16 bit pattern of e2m1 code n (bit 3 the sign) halved.
-constexpr uint16_t mx_bf16(int n) {
+// The bf16 bit pattern of e2m1 code n (bit 3 the sign) times mul.
+constexpr uint16_t e2m1_bf16(int n, float mul) {
   constexpr float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float v = (n & 8 ? -mag[n & 7] : mag[n & 7]) / 2.0f;
+  const float v = (n & 8 ? -mag[n & 7] : mag[n & 7]) * mul;
   return static_cast<uint16_t>(std::bit_cast<uint32_t>(v) >> 16);
 }
+// The byte-table decode above, values e2m1 * Mul (MXFP4: 1/2, its scale table's offset; NVFP4: 1).
+template <int MulInv>
+struct Fp4Bytes {
+  struct St {
+    __m256i w[2];
+  };
+  TGTI static __m256i table(bool high) {
+    alignas(16) uint8_t b[16] = {};
+    for (int n = 0; n < 16; ++n) {
+      const uint16_t v = e2m1_bf16(n, 1.0f / MulInv);
+      b[n] = static_cast<uint8_t>(high ? v >> 8 : v & 0xFF);
+    }
+    return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(b)));
+  }
+  TGTI static void load(const uint8_t* gp, int sub, St& st) {
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp));
+    if (sub) b = _mm256_srli_epi16(b, 4);
+    const __m256i n = _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+    const __m256i lo = _mm256_shuffle_epi8(table(false), n), hi = _mm256_shuffle_epi8(table(true), n);
+    st.w[0] = _mm256_unpacklo_epi8(lo, hi);
+    st.w[1] = _mm256_unpackhi_epi8(lo, hi);
+  }
+  TGTI static __m256 vec(const St& st, int k) {
+    const __m256i w = st.w[k >> 1];
+    return _mm256_castsi256_ps(k & 1 ? _mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)))
+                                     : _mm256_slli_epi32(w, 16));
+  }
+  static constexpr int pos(int c) { return mx_pos(c); }
+};
 
 // Scale rows with a scalar tail: n valid blocks from s, padded with zeros up to total.
 template <class Cvt>
@@ -286,32 +307,10 @@ struct CvtE4M3 {  // e4m3 value * 2^-8, exactly
 
 // MXFP4 (see mx_pos): the table holds e2m1 / 2 and the scale is 2^(b-126), as in
 // qmatmul_avx512.cpp.
-struct DecMX : DecBase {
+struct DecMX : DecBase, Fp4Bytes<2> {
   static constexpr int G = 64, NSUB = 2, NV = 4, GB = 32, kSPG = 2;
   static constexpr bool kScaled = true, kPost = false, kRowScales = true;
-  struct St {
-    __m256i w[2];
-  };
   explicit DecMX(const QWeight& w) : DecBase(w, w.cols / 2, 32) {}
-  static constexpr int pos(int c) { return mx_pos(c); }
-  TGTI static __m256i table(bool high) {
-    alignas(16) uint8_t b[16] = {};
-    for (int n = 0; n < 16; ++n) b[n] = static_cast<uint8_t>(high ? mx_bf16(n) >> 8 : mx_bf16(n) & 0xFF);
-    return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(b)));
-  }
-  TGTI static void load(const uint8_t* gp, int sub, St& st) {
-    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp));
-    if (sub) b = _mm256_srli_epi16(b, 4);
-    const __m256i n = _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
-    const __m256i lo = _mm256_shuffle_epi8(table(false), n), hi = _mm256_shuffle_epi8(table(true), n);
-    st.w[0] = _mm256_unpacklo_epi8(lo, hi);
-    st.w[1] = _mm256_unpackhi_epi8(lo, hi);
-  }
-  TGTI static __m256 vec(const St& st, int k) {
-    const __m256i w = st.w[k >> 1];
-    return _mm256_castsi256_ps(k & 1 ? _mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)))
-                                     : _mm256_slli_epi32(w, 16));
-  }
   TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
     const int64_t b0 = 2 * g0;
     prep_blocks(scales + r * scale_cols + b0, std::min(2 * g1, nb) - b0, 2 * (g1 - g0), sb, CvtE8M0p1{});
@@ -375,27 +374,32 @@ struct DecMX : DecBase {
   }
 };
 
-// NVFP4: block scale s * 2^-8 (F16 trick), post = scale2 * 2^8; see qmatmul_avx512.cpp.
-struct DecNV : DecBase {
-  static constexpr int G = 64, NSUB = 1, NV = 8, GB = 32, kSPG = 4;
+// NVFP4: the byte-table decode of DecMX with the exact e2m1 values (not halved) and the same
+// layout (mx_pos); block scale s * 2^-8 (F16 trick), post = scale2 * 2^8, see qmatmul_avx512.cpp.
+// Lane 4h + t of vector k = 2u + e holds columns 32h + 16u + ..., block 2h + u: the multiplier of
+// vector k is [s(2u) x4, s(2u+2) x4] of the group's 4 blocks, prepared once per row as two vectors
+// per group (scale_k). Not deferred: E4M3 scales are not powers of two.
+struct DecNV : DecBase, Fp4Bytes<1> {
+  static constexpr int G = 64, NSUB = 2, NV = 4, GB = 32, kSPG = 16;
   static constexpr bool kScaled = true, kPost = true, kRowScales = true;
-  struct St {
-    __m256i v;
-  };
   explicit DecNV(const QWeight& w) : DecBase(w, w.cols / 2, 16) { post = w.scale2 * 256.0f; }
-  static constexpr int pos(int c) { return (c & 7) * 8 + (c >> 3); }
+  // sb: per group, vector 0 = blocks (0, 2), vector 1 = blocks (1, 3), each repeated over 4 lanes.
   TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
-    const int64_t b0 = 4 * g0;
-    prep_blocks(scales + r * scale_cols + b0, std::min(4 * g1, nb) - b0, 4 * (g1 - g0), sb, CvtE4M3{});
+    const uint8_t* s = scales + r * scale_cols;
+    alignas(32) float blk[32];
+    const __m256i i0 = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2), i1 = _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3);
+    for (int64_t g = g0; g < g1; g += 8) {
+      const int64_t b0 = 4 * g, n = std::clamp<int64_t>(nb - b0, 0, 32);
+      prep_blocks(s + b0, n, 32, blk, CvtE4M3{});
+      for (int64_t j = 0; j < 8 && g + j < g1; ++j) {
+        const __m256 q = _mm256_castps128_ps256(_mm_load_ps(blk + 4 * j));
+        float* o = sb + (g + j - g0) * kSPG;
+        _mm256_storeu_ps(o, _mm256_permutevar8x32_ps(q, i0));
+        _mm256_storeu_ps(o + 8, _mm256_permutevar8x32_ps(q, i1));
+      }
+    }
   }
-  TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp)); }
-  TGTI static __m256 vec(const St& st, int k) {
-    return fp4_vec(st.v, k, _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f));
-  }
-  TGTI static __m256 scale(const float* sb, int64_t g) {
-    const __m256i idx = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sb + 4 * g)), idx);
-  }
+  TGTI static __m256 scale_k(const float* sb, int64_t g, int k) { return _mm256_loadu_ps(sb + g * kSPG + 8 * (k >> 1)); }
 };
 
 // Fused path shapes (16 registers): rows R and token tile TTM for T = 1, 2, 3-4, more. T=1 takes
