@@ -63,28 +63,39 @@ __attribute__((target("avx512f"))) void tile_avx512(const float* A, int64_t lda,
   if (n < n1) tile_scalar(A, lda, B, ldb, C, ldc, M, n, n1, K);
 }
 
-// 4 rows x 16 columns in 8 accumulators.
+// R rows x 16 columns in 2R accumulators. R is a constant: with a run-time row count GCC keeps
+// c[][] on the stack through the k loop (the qmatmul GEMM tile ran at a quarter of the FMA peak
+// so on AMD Zen 3, docs/perf.md session 14).
+template <int R>
+__attribute__((target("avx2,fma"), always_inline)) inline void rows_avx2(const float* A, int64_t lda, const float* B,
+                                                                        int64_t ldb, float* C, int64_t ldc, int64_t m,
+                                                                        int64_t n, int64_t K) {
+  __m256 c[R][2];
+  for (auto& r : c) r[0] = r[1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(B + k * ldb + n), b1 = _mm256_loadu_ps(B + k * ldb + n + 8);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const __m256 a = _mm256_set1_ps(A[(m + i) * lda + k]);
+      c[i][0] = _mm256_fmadd_ps(a, b0, c[i][0]);
+      c[i][1] = _mm256_fmadd_ps(a, b1, c[i][1]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+    _mm256_storeu_ps(C + (m + i) * ldc + n, c[i][0]);
+    _mm256_storeu_ps(C + (m + i) * ldc + n + 8, c[i][1]);
+  }
+}
+
+// 4 rows x 16 columns in 8 accumulators, then the rows left one at a time.
 __attribute__((target("avx2,fma"))) void tile_avx2(const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
                                                    int64_t ldc, int64_t M, int64_t n0, int64_t n1, int64_t K) {
   int64_t n = n0;
   for (; n + 16 <= n1; n += 16) {
-    for (int64_t m = 0; m < M; m += 4) {
-      const int64_t rows = std::min<int64_t>(4, M - m);
-      __m256 c[4][2];
-      for (auto& r : c) r[0] = r[1] = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K; ++k) {
-        const __m256 b0 = _mm256_loadu_ps(B + k * ldb + n), b1 = _mm256_loadu_ps(B + k * ldb + n + 8);
-        for (int i = 0; i < rows; ++i) {
-          const __m256 a = _mm256_set1_ps(A[(m + i) * lda + k]);
-          c[i][0] = _mm256_fmadd_ps(a, b0, c[i][0]);
-          c[i][1] = _mm256_fmadd_ps(a, b1, c[i][1]);
-        }
-      }
-      for (int i = 0; i < rows; ++i) {
-        _mm256_storeu_ps(C + (m + i) * ldc + n, c[i][0]);
-        _mm256_storeu_ps(C + (m + i) * ldc + n + 8, c[i][1]);
-      }
-    }
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) rows_avx2<4>(A, lda, B, ldb, C, ldc, m, n, K);
+    for (; m < M; ++m) rows_avx2<1>(A, lda, B, ldb, C, ldc, m, n, K);
   }
   if (n < n1) tile_scalar(A, lda, B, ldb, C, ldc, M, n, n1, K);
 }
