@@ -247,7 +247,7 @@ constexpr uint16_t e2m1_bf16(int n, float mul) {
   const float v = (n & 8 ? -mag[n & 7] : mag[n & 7]) * mul;
   return static_cast<uint16_t>(std::bit_cast<uint32_t>(v) >> 16);
 }
-// The byte-table decode above, values e2m1 * Mul (MXFP4: 1/2, its scale table's offset; NVFP4: 1).
+// The byte-table decode above, values e2m1 / MulInv (MXFP4: 2, its scale table's offset; NVFP4: 1).
 template <int MulInv>
 struct Fp4Bytes {
   struct St {
