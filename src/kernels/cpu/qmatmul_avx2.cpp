@@ -232,7 +232,7 @@ struct DecFP8 : DecFP8T<false> {
 // replaced a vpermps lookup (8 entries: the sign moved by hand, 5 operations per 8 weights): with
 // the deferred scales below, the MXFP4 GEMV at T = 1 ran +20-30% on AMD Zen 4 in AVX2 mode
 // (docs/perf.md session 13) and +71% on Zen 3 (session 14). NVFP4 takes per-vector scales
-// instead (DecNV): +14% at T = 1, +26% at T = 2 on Zen 3.
+// instead (DecNV): +14-38% at T = 1, +17% at T = 2 on Zen 3.
 // Layout: byte j = 16h + 8u + 2t + e of the group, nibble parity p (low nibble: even column);
 // sub-step p's word vector w[u] holds its value in word 2t + e of 128-bit half h, and vector
 // k = 2u + e of the sub-step in lane 4h + t. A 32-column block is a half: lane 4h + t lies in
