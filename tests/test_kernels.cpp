@@ -43,6 +43,11 @@ std::vector<Shape> shapes_for(WFormat f) {
 constexpr int kPaths[] = {-1, 1 << 20, 0};
 const char* path_name(int p) { return p < 0 ? "default" : p == 0 ? "gemm" : "fused"; }
 
+struct Fp8Guard {
+  explicit Fp8Guard(Fp8Decode d) { set_fp8_decode_override(d); }
+  ~Fp8Guard() { clear_fp8_decode_override(); }
+};
+
 struct IsaGuard {
   explicit IsaGuard(Isa isa) { set_isa_override(isa); }
   ~IsaGuard() {
@@ -360,16 +365,23 @@ void deferred_scales_exact(const std::string& isa) {
   }
 }
 
-// The AVX2 and AVX-512 FP8 decoders build e4m3 * 2^-120 and the fused path scales x by 2^(b-7),
-// which is exact only for scale bytes b <= 134 and x * 2^(b-7) finite (qmatmul_kernels.inc,
-// fp8_fast_ok): other calls run the wide variant on the GEMM path. Every output must be
+// The FP8 bits decoders (AVX2, AVX-512) build e4m3 * 2^-120 and the fused path scales x by
+// 2^(b-7), which is exact only for scale bytes b <= 134 and x * 2^(b-7) finite; the AVX-512 F16
+// route builds e4m3 * 2^-8 and scales x by 2^(b-119) (qmatmul_kernels.inc, fp8_fast_ok): other
+// calls run the wide variant on the GEMM path. Every output must be
 // bit-identical to the GEMM path's, and close to the reference: real-range scales (the fast
 // decode everywhere), one block at 2^13 or at 2^-124, activations near the float limits (huge
 // ones overflow x * 2^(b-7); subnormal ones must keep their low bits).
 TEST(Kernels, Fp8RangeExact) {
-  for (Isa isa : {Isa::AVX2, Isa::AVX512}) {
-    if (!isa_supported(isa)) continue;
-    IsaGuard guard(isa);
+  struct Case {
+    Isa isa;
+    Fp8Decode route;
+  };
+  for (const Case c : {Case{Isa::AVX2, Fp8Decode::Bits}, Case{Isa::AVX512, Fp8Decode::Bits},
+                       Case{Isa::AVX512, Fp8Decode::F16}}) {
+    if (!isa_supported(c.isa)) continue;
+    IsaGuard guard(c.isa);
+    Fp8Guard fp8(c.route);
     uint32_t seed = 600;
     for (const int extreme : {0, 140, 3}) {
       OwnedWeight o = make_weight(WFormat::FP8Block, 300, 2339, seed++);
@@ -379,12 +391,48 @@ TEST(Kernels, Fp8RangeExact) {
         Problem p = make_problem(o.w, 0, o.w.rows, 30, seed++);
         for (float& v : p.x)
           if (!std::isnan(v)) v *= xscale;
-        const std::string what = std::string(isa_name(isa)) + ": extreme scale byte " + std::to_string(extreme) +
-                                 ", x scale " + std::to_string(xscale);
+        const std::string what = std::string(isa_name(c.isa)) + " " + fp8_decode_name(c.route) +
+                                 ": extreme scale byte " + std::to_string(extreme) + ", x scale " +
+                                 std::to_string(xscale);
         expect_fused_equals_gemm(o.w, p, what);
         if (xscale == 1.0f) check_against_reference(o.w, deq, p, run(o.w, p), what);
       }
     }
+  }
+}
+
+// The AVX-512 FP8 decode routes (bits: e4m3 * 2^-120 by integer ops; f16: through vcvtph2ps,
+// the default on Intel) must give the same bits on every path, T and row range, E4M3 subnormal
+// codes included (make_weight draws every finite byte), and each must reproduce dequant_row's
+// values exactly (one-hot activations).
+TEST(Kernels, AVX512Fp8RoutesAgree) {
+  REQUIRE_ISA(Isa::AVX512);
+  IsaGuard guard(Isa::AVX512);
+  uint32_t seed = 700;
+  for (const Shape& s : {Shape{300, 2339}, Shape{130, 260}, Shape{9, 5}}) {
+    const OwnedWeight o = make_weight(WFormat::FP8Block, s.rows, s.cols, seed++);
+    for (int64_t T : {1, 2, 3, 5, 8, 30}) {
+      const int64_t r0 = s.rows > 8 ? 3 : 0, r1 = s.rows > 8 ? s.rows - 1 : s.rows;
+      const Problem p = make_problem(o.w, r0, r1, T, seed++);
+      for (int path : kPaths) {
+        set_qmatmul_fused_max_tokens(path);
+        std::vector<float> ys[2];
+        for (Fp8Decode route : {Fp8Decode::Bits, Fp8Decode::F16}) {
+          Fp8Guard fp8(route);
+          ys[static_cast<int>(route)] = run(o.w, p);
+        }
+        int bad = 0;
+        for (size_t k = 0; k < ys[0].size(); ++k)
+          if (std::memcmp(&ys[0][k], &ys[1][k], sizeof(float)) != 0 && bad++ < 5)
+            ADD_FAILURE() << s.rows << "x" << s.cols << " T=" << T << " path=" << path_name(path) << " [" << k
+                          << "]: bits " << ys[0][k] << " f16 " << ys[1][k];
+        EXPECT_EQ(bad, 0);
+      }
+    }
+  }
+  for (Fp8Decode route : {Fp8Decode::Bits, Fp8Decode::F16}) {
+    Fp8Guard fp8(route);
+    run_isa_exact(Isa::AVX512);
   }
 }
 

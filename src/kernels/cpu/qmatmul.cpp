@@ -189,6 +189,39 @@ void set_isa_override(Isa isa) {
 
 void clear_isa_override() { qmm::g_override.store(-1, std::memory_order_relaxed); }
 
+const char* fp8_decode_name(Fp8Decode d) { return d == Fp8Decode::F16 ? "f16" : "bits"; }
+
+namespace qmm {
+namespace {
+std::atomic<int> g_fp8_override{-1};
+
+Fp8Decode env_fp8_decode() {
+  static const Fp8Decode d = [] {
+    const Fp8Decode def = __builtin_cpu_is("intel") ? Fp8Decode::F16 : Fp8Decode::Bits;
+    const char* e = std::getenv("DSV4_FP8_DECODE");
+    if (e == nullptr || *e == '\0') return def;
+    const std::string s(e);
+    if (s == "bits") return Fp8Decode::Bits;
+    if (s == "f16") return Fp8Decode::F16;
+    std::fprintf(stderr, "dsv4: unknown DSV4_FP8_DECODE='%s' (bits|f16), using %s\n", e, fp8_decode_name(def));
+    return def;
+  }();
+  return d;
+}
+}  // namespace
+
+bool fp8_via_f16() { return active_fp8_decode() == Fp8Decode::F16; }
+}  // namespace qmm
+
+Fp8Decode active_fp8_decode() {
+  const int o = qmm::g_fp8_override.load(std::memory_order_relaxed);
+  return o >= 0 ? static_cast<Fp8Decode>(o) : qmm::env_fp8_decode();
+}
+
+void set_fp8_decode_override(Fp8Decode d) { qmm::g_fp8_override.store(static_cast<int>(d), std::memory_order_relaxed); }
+
+void clear_fp8_decode_override() { qmm::g_fp8_override.store(-1, std::memory_order_relaxed); }
+
 void set_qmatmul_fused_max_tokens(int t) {
   qmm::g_fused_max.store(t < 0 ? qmm::kAuto : t, std::memory_order_relaxed);
 }

@@ -42,6 +42,22 @@ Isa active_isa();
 void set_isa_override(Isa isa);
 void clear_isa_override();
 
+// How the AVX-512 kernels decode FP8 (E4M3) weights; the results are bit-identical either way
+// (the same decoded order and the same exact products), only the speed differs:
+//   Bits: integer operations build each weight as the float e4m3 * 2^-120 (3 per 16 weights);
+//         E4M3 subnormals become float subnormals.
+//   F16:  bit moves to F16 (e4m3 * 2^-8), widened by vcvtph2ps: always a normal float, one
+//         conversion more per 16 weights.
+// Intel cores take a microcode assist for every FMA with a subnormal operand (~30x slower on the
+// development Xeon, docs/perf.md session 16), AMD Zen does not and pays more for vcvtph2ps
+// (session 12). Default: F16 on Intel CPUs, Bits otherwise; DSV4_FP8_DECODE=bits|f16 (read
+// once) or the override forces one. The AVX2 kernels always use their bits route.
+enum class Fp8Decode { Bits, F16 };
+const char* fp8_decode_name(Fp8Decode d);
+Fp8Decode active_fp8_decode();
+void set_fp8_decode_override(Fp8Decode d);
+void clear_fp8_decode_override();
+
 // Largest T handled by the fused kernel (default 24 with AVX-512, the crossover in qmatmul_bench's
 // T sweep; 8 with AVX2); larger T goes to the panel GEMM path. Exposed so tests can exercise
 // both paths at every T and benchmarks can find the crossover: 0 sends every T to the GEMM path,

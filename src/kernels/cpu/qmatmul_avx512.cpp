@@ -214,6 +214,46 @@ struct DecFP8 : DecFP8T<false> {
   using DecFP8T::DecFP8T;
 };
 
+// E4M3 through F16 (the route on Intel cores, active_fp8_decode in qmatmul.h): the sign-extended
+// byte shifted left by 7 puts exponent and mantissa in F16 bits 7..13 and the sign in 15 (bit
+// 14, a sign copy, is cleared): exactly e4m3 * 2^-8 as F16, subnormals included, which vcvtph2ps
+// widens to a normal float. The bits route above leaves e4m3 subnormals as float subnormals, and
+// an Intel core takes a microcode assist for every FMA with a subnormal operand (~30x the time
+// on the development Xeon); vcvtph2ps takes none. Scale field b + 8: a float for every E8M0 byte
+// up to 246; the fused path's x * 2^(b-119) is checked as for the bits route (fp8_fast_ok), and
+// outside its range the same decoder runs on the GEMM path (the Wide twin). Same decoded order
+// (pos(c) = c) and the same exact products as the bits route, so the same bits.
+template <bool Twin>
+struct DecFP8HT : DecBase {
+  static constexpr int G = 128, NSUB = 4, NV = 2, GB = 128, kSPG = 1;
+  static constexpr bool kScaled = true, kPost = false, kRowScales = false;
+  static constexpr int kBias = 8;  // the scale's exponent field is b + kBias
+  struct St {
+    const uint8_t* p;
+  };
+  explicit DecFP8HT(const QWeight& w) : DecBase(w, w.cols, 128) {}
+  static constexpr int pos(int c) { return c; }
+  TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
+    const uint8_t* s = scales + (r / 128) * scale_cols + g0;
+    const int64_t n = g1 - g0;
+    for (int64_t i = 0; i < n; i += 16) {
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(first_lanes(n - i), s + i));
+      const __m512i f = _mm512_slli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(kBias)), 23);
+      _mm512_storeu_ps(sb + i, _mm512_castsi512_ps(f));
+    }
+  }
+  TGTI static void load(const uint8_t* gp, int sub, St& st) { st.p = gp + 32 * sub; }
+  TGTI static __m512 vec(const St& st, int k) {
+    const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(st.p + 16 * k)));
+    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(static_cast<short>(0xBFFF))));
+  }
+  TGTI static __m512 scale(const float* sb, int64_t g) { return _mm512_set1_ps(sb[g]); }
+};
+struct DecFP8H : DecFP8HT<false> {
+  using Wide = DecFP8HT<true>;
+  using DecFP8HT::DecFP8HT;
+};
+
 // FP4: 64 bytes = 128 columns. Dword lane i holds bytes 4i..4i+3; shifting it right by 4k puts
 // the nibble of column 8i+k in bits 0..3, which vpermps uses as the index into a 16-entry table.
 // So decoded vector k, lane i is column 8i+k, and all 8 vectors of a group share one scale
@@ -377,6 +417,7 @@ struct GemmShape {
 
 void run_avx512(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
                 int64_t ldy, int fused_max_t) {
+  if (fp8_via_f16()) return run_any<DecF32, DecBF16, DecF16, DecFP8H, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
   run_any<DecF32, DecBF16, DecF16, DecFP8, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
 }
 
