@@ -20,7 +20,7 @@ grep -m1 'model name' /proc/cpuinfo | sed 's/.*: /cpu: /'
 # shellcheck disable=SC2086  # DSV4_SERVE_ARGS is a list of options
 "$bin" serve --model "$model" --port 0 --max-batch "$max" --quiet ${DSV4_SERVE_ARGS:-} 2>"$log" &
 pid=$!
-trap 'kill $pid 2>/dev/null; rm -f "$log"' EXIT
+trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT  # the server may be gone already; errexit applies here too
 for _ in $(seq 600); do grep -q 'ready at' "$log" && break; kill -0 $pid 2>/dev/null || { cat "$log"; exit 1; }; sleep 0.5; done
 url=$(grep -o 'http://[^ ]*' "$log" | head -1 | sed 's#/v1$##')
 node bench/serve_bench.cjs "$url" "$list" "$gen" "$words"
