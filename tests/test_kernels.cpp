@@ -419,7 +419,7 @@ TEST(Kernels, AVX512Fp8RoutesAgree) {
         std::vector<float> ys[2];
         for (Fp8Decode route : {Fp8Decode::Bits, Fp8Decode::F16}) {
           Fp8Guard fp8(route);
-          ys[static_cast<int>(route)] = run(o.w, p);
+          ys[route == Fp8Decode::F16 ? 1 : 0] = run(o.w, p);
         }
         int bad = 0;
         for (size_t k = 0; k < ys[0].size(); ++k)
@@ -433,6 +433,29 @@ TEST(Kernels, AVX512Fp8RoutesAgree) {
   for (Fp8Decode route : {Fp8Decode::Bits, Fp8Decode::F16}) {
     Fp8Guard fp8(route);
     run_isa_exact(Isa::AVX512);
+  }
+}
+
+// Auto picks F16 only on Intel and only for weights with many E4M3 subnormals (make_weight draws
+// every finite byte: one in 16 is subnormal); an override or DSV4_FP8_DECODE wins.
+TEST(Kernels, Fp8DecodeAutoChoice) {
+  clear_fp8_decode_override();
+  if (active_fp8_decode() != Fp8Decode::Auto) GTEST_SKIP() << "DSV4_FP8_DECODE is set";
+  OwnedWeight o = make_weight(WFormat::FP8Block, 300, 2339, 800);
+  const bool intel = __builtin_cpu_is("intel");
+  EXPECT_EQ(fp8_decode_for(o.w, 0, 300), intel ? Fp8Decode::F16 : Fp8Decode::Bits);
+  EXPECT_EQ(fp8_decode_for(o.w, 299, 300), intel ? Fp8Decode::F16 : Fp8Decode::Bits);
+  for (uint8_t& b : o.data)
+    if ((b & 0x78) == 0 && (b & 0x07) != 0) b |= 0x08;
+  EXPECT_EQ(fp8_decode_for(o.w, 0, 300), Fp8Decode::Bits);
+  o.data[5 * o.w.cols + 3] = 0x01;  // one subnormal in the sample (rows 0, 37, 74, ...: no)
+  o.data[0 * o.w.cols + 3] = 0x81;  // row 0 is sampled: one, still below one in 2048
+  EXPECT_EQ(fp8_decode_for(o.w, 0, 300), Fp8Decode::Bits);
+  o.data[0 * o.w.cols + 4] = 0x02;  // two in 4096 sampled bytes
+  EXPECT_EQ(fp8_decode_for(o.w, 0, 300), intel ? Fp8Decode::F16 : Fp8Decode::Bits);
+  for (Fp8Decode d : {Fp8Decode::Bits, Fp8Decode::F16}) {
+    Fp8Guard fp8(d);
+    EXPECT_EQ(fp8_decode_for(o.w, 0, 300), d);
   }
 }
 

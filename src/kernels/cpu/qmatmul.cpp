@@ -189,7 +189,14 @@ void set_isa_override(Isa isa) {
 
 void clear_isa_override() { qmm::g_override.store(-1, std::memory_order_relaxed); }
 
-const char* fp8_decode_name(Fp8Decode d) { return d == Fp8Decode::F16 ? "f16" : "bits"; }
+const char* fp8_decode_name(Fp8Decode d) {
+  switch (d) {
+    case Fp8Decode::Auto: return "auto";
+    case Fp8Decode::Bits: return "bits";
+    case Fp8Decode::F16: return "f16";
+  }
+  return "?";
+}
 
 namespace qmm {
 namespace {
@@ -197,20 +204,32 @@ std::atomic<int> g_fp8_override{-1};
 
 Fp8Decode env_fp8_decode() {
   static const Fp8Decode d = [] {
-    const Fp8Decode def = __builtin_cpu_is("intel") ? Fp8Decode::F16 : Fp8Decode::Bits;
     const char* e = std::getenv("DSV4_FP8_DECODE");
-    if (e == nullptr || *e == '\0') return def;
+    if (e == nullptr || *e == '\0') return Fp8Decode::Auto;
     const std::string s(e);
-    if (s == "bits") return Fp8Decode::Bits;
-    if (s == "f16") return Fp8Decode::F16;
-    std::fprintf(stderr, "dsv4: unknown DSV4_FP8_DECODE='%s' (bits|f16), using %s\n", e, fp8_decode_name(def));
-    return def;
+    for (Fp8Decode v : {Fp8Decode::Auto, Fp8Decode::Bits, Fp8Decode::F16})
+      if (s == fp8_decode_name(v)) return v;
+    std::fprintf(stderr, "dsv4: unknown DSV4_FP8_DECODE='%s' (auto|bits|f16), using auto\n", e);
+    return Fp8Decode::Auto;
   }();
   return d;
 }
+
+// E4M3 subnormal codes (exponent field 0, mantissa not 0) in a sample of the rows: 8 rows spread
+// over [r0, r1), the first 512 bytes of each (~1 us; the bytes are about to be read anyway).
+bool many_fp8_subnormals(const QWeight& w, int64_t r0, int64_t r1) {
+  constexpr int kRows = 8;
+  const int64_t len = std::min<int64_t>(w.cols, 512);
+  int64_t sub = 0;
+  for (int i = 0; i < kRows; ++i) {
+    const uint8_t* p = w.data + (r0 + (r1 - r0) * i / kRows) * w.cols;
+    for (int64_t j = 0; j < len; ++j) sub += (p[j] & 0x78) == 0 && (p[j] & 0x07) != 0;
+  }
+  return sub * 2048 >= kRows * len;
+}
 }  // namespace
 
-bool fp8_via_f16() { return active_fp8_decode() == Fp8Decode::F16; }
+bool fp8_via_f16(const QWeight& w, int64_t r0, int64_t r1) { return fp8_decode_for(w, r0, r1) == Fp8Decode::F16; }
 }  // namespace qmm
 
 Fp8Decode active_fp8_decode() {
@@ -221,6 +240,13 @@ Fp8Decode active_fp8_decode() {
 void set_fp8_decode_override(Fp8Decode d) { qmm::g_fp8_override.store(static_cast<int>(d), std::memory_order_relaxed); }
 
 void clear_fp8_decode_override() { qmm::g_fp8_override.store(-1, std::memory_order_relaxed); }
+
+Fp8Decode fp8_decode_for(const QWeight& w, int64_t r0, int64_t r1) {
+  const Fp8Decode d = active_fp8_decode();
+  if (d != Fp8Decode::Auto) return d;
+  static const bool intel = __builtin_cpu_is("intel");
+  return intel && r1 > r0 && w.cols > 0 && qmm::many_fp8_subnormals(w, r0, r1) ? Fp8Decode::F16 : Fp8Decode::Bits;
+}
 
 void set_qmatmul_fused_max_tokens(int t) {
   qmm::g_fused_max.store(t < 0 ? qmm::kAuto : t, std::memory_order_relaxed);

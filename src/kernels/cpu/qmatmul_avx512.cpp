@@ -214,15 +214,16 @@ struct DecFP8 : DecFP8T<false> {
   using DecFP8T::DecFP8T;
 };
 
-// E4M3 through F16 (the route on Intel cores, active_fp8_decode in qmatmul.h): the sign-extended
-// byte shifted left by 7 puts exponent and mantissa in F16 bits 7..13 and the sign in 15 (bit
-// 14, a sign copy, is cleared): exactly e4m3 * 2^-8 as F16, subnormals included, which vcvtph2ps
-// widens to a normal float. The bits route above leaves e4m3 subnormals as float subnormals, and
-// an Intel core takes a microcode assist for every FMA with a subnormal operand (~30x the time
-// on the development Xeon); vcvtph2ps takes none. Scale field b + 8: a float for every E8M0 byte
-// up to 246; the fused path's x * 2^(b-119) is checked as for the bits route (fp8_fast_ok), and
-// outside its range the same decoder runs on the GEMM path (the Wide twin). Same decoded order
-// (pos(c) = c) and the same exact products as the bits route, so the same bits.
+// E4M3 through F16 (Intel cores, for weights with many E4M3 subnormals: fp8_decode_for in
+// qmatmul.h): the sign-extended byte shifted left by 7 puts exponent and mantissa in F16 bits
+// 7..13 and the sign in 15 (bit 14, a sign copy, is cleared): exactly e4m3 * 2^-8 as F16,
+// subnormals included, which vcvtph2ps widens to a normal float. The bits route above leaves
+// e4m3 subnormals as float subnormals, and an Intel core takes a microcode assist for every FMA
+// with a subnormal operand (~30x the time on the development Xeon); vcvtph2ps takes none. Scale
+// field b + 8: a float for every E8M0 byte up to 246; the fused path's x * 2^(b-119) is checked
+// as for the bits route (fp8_fast_ok), and outside its range the same decoder runs on the GEMM
+// path (the Wide twin). Same decoded order (pos(c) = c) and the same exact products as the bits
+// route, so the same bits.
 template <bool Twin>
 struct DecFP8HT : DecBase {
   static constexpr int G = 128, NSUB = 4, NV = 2, GB = 128, kSPG = 1;
@@ -424,7 +425,7 @@ struct GemmShape {
 
 void run_avx512(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
                 int64_t ldy, int fused_max_t) {
-  if (fp8_via_f16()) return run_any<DecF32, DecBF16, DecF16, DecFP8H, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
+  if (w.fmt == WFormat::FP8Block && fp8_via_f16(w, r0, r1)) return run_any<DecF32, DecBF16, DecF16, DecFP8H, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
   run_any<DecF32, DecBF16, DecF16, DecFP8, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
 }
 

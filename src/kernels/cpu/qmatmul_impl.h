@@ -17,8 +17,9 @@ void run_avx2(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t 
 void run_avx512(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
                 int64_t ldy, int fused_max_t);
 
-// Whether the AVX-512 kernels decode FP8 through F16 (active_fp8_decode() == Fp8Decode::F16).
-bool fp8_via_f16();
+// Whether an AVX-512 qmatmul of rows [r0, r1) of FP8 weight w decodes through F16
+// (fp8_decode_for in qmatmul.h).
+bool fp8_via_f16(const QWeight& w, int64_t r0, int64_t r1);
 
 // Of the packed tokens a fused tile multiplies: every nonzero x is a multiple of 2^lsb, every
 // |x| is below 2^emax, every token's sum of |x| is below 2^sum_exp (1000: not finite). Decides
