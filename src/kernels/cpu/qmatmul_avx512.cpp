@@ -171,25 +171,18 @@ TGT XStats x_range_stats(const float* px, int64_t T, int64_t ldx, int64_t n) {
   return xs;
 }
 
-// E4M3 by moving the bits, no conversion instruction: the sign-extended byte shifted left by 20
-// puts exponent and mantissa in float bits 20..26 and copies of the sign in 27..31; clearing
-// 27..30 leaves a float that is exactly e4m3 * 2^-120, subnormals included (exponent 0 is a
-// float subnormal too). Three integer operations per 16 weights: vcvtph2ps, which the F16 route
-// (e4m3 * 2^-8 as F16, then widened) needs, costs more on AMD Zen 4 (docs/perf.md session 12:
-// the FP8 GEMV +10-16%). The 2^120 goes into the block scale: 2^(b-127) * 2^120, a float with
-// exponent field b + 120, finite only for b <= 134 (scales up to 2^7), and the fused path's x
-// times it must stay exact; fp8_fast_ok (qmatmul_kernels.inc) checks both per call. Outside that
-// range the call runs the wide variant (2^112 folded back into every weight vector, scale field
-// b + 8) on the GEMM path, which scales no x: the same exact products, so the same bits.
-template <bool Wide>
-struct DecFP8T : DecBase {
+// What both FP8 routes below share: a decoded weight is the float e4m3 * 2^-Bias, 128-column
+// groups of 4 sub-steps x 2 vectors in column order (pos(c) = c), and per group the block scale
+// 2^(b - 127 + Bias) (exponent field b + Bias), which fp8_fast_ok (qmatmul_kernels.inc) checks.
+template <int Bias>
+struct DecFP8Base : DecBase {
   static constexpr int G = 128, NSUB = 4, NV = 2, GB = 128, kSPG = 1;
   static constexpr bool kScaled = true, kPost = false, kRowScales = false;
-  static constexpr int kBias = Wide ? 8 : 120;  // the scale's exponent field is b + kBias
+  static constexpr int kBias = Bias;
   struct St {
     const uint8_t* p;
   };
-  explicit DecFP8T(const QWeight& w) : DecBase(w, w.cols, 128) {}
+  explicit DecFP8Base(const QWeight& w) : DecBase(w, w.cols, 128) {}
   static constexpr int pos(int c) { return c; }
   TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
     const uint8_t* s = scales + (r / 128) * scale_cols + g0;
@@ -201,13 +194,29 @@ struct DecFP8T : DecBase {
     }
   }
   TGTI static void load(const uint8_t* gp, int sub, St& st) { st.p = gp + 32 * sub; }
+  TGTI static __m512 scale(const float* sb, int64_t g) { return _mm512_set1_ps(sb[g]); }
+};
+
+// E4M3 by moving the bits, no conversion instruction: the sign-extended byte shifted left by 20
+// puts exponent and mantissa in float bits 20..26 and copies of the sign in 27..31; clearing
+// 27..30 leaves a float that is exactly e4m3 * 2^-120, subnormals included (exponent 0 is a
+// float subnormal too). Three integer operations per 16 weights: vcvtph2ps, which the F16 route
+// (e4m3 * 2^-8 as F16, then widened) needs, costs more on AMD Zen 4 (docs/perf.md session 12:
+// the FP8 GEMV +10-16%). The 2^120 goes into the block scale: 2^(b-127) * 2^120, a float with
+// exponent field b + 120, finite only for b <= 134 (scales up to 2^7), and the fused path's x
+// times it must stay exact; fp8_fast_ok (qmatmul_kernels.inc) checks both per call. Outside that
+// range the call runs the wide variant (2^112 folded back into every weight vector, scale field
+// b + 8) on the GEMM path, which scales no x: the same exact products, so the same bits.
+template <bool Wide>
+struct DecFP8T : DecFP8Base<Wide ? 8 : 120> {
+  using DecFP8Base<Wide ? 8 : 120>::DecFP8Base;
+  using St = typename DecFP8Base<Wide ? 8 : 120>::St;
   TGTI static __m512 vec(const St& st, int k) {
     const __m512i d = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(st.p + 16 * k)));
     const __m512 v = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(d, 20), _mm512_set1_epi32(static_cast<int>(0x87FFFFFFu))));
     if constexpr (Wide) return _mm512_mul_ps(v, _mm512_set1_ps(0x1p112f));
     return v;
   }
-  TGTI static __m512 scale(const float* sb, int64_t g) { return _mm512_set1_ps(sb[g]); }
 };
 struct DecFP8 : DecFP8T<false> {
   using Wide = DecFP8T<true>;
@@ -221,38 +230,19 @@ struct DecFP8 : DecFP8T<false> {
 // e4m3 subnormals as float subnormals, and an Intel core takes a microcode assist for every FMA
 // with a subnormal operand (~30x the time on the development Xeon); vcvtph2ps takes none. Scale
 // field b + 8: a float for every E8M0 byte up to 246; the fused path's x * 2^(b-119) is checked
-// as for the bits route (fp8_fast_ok), and outside its range the same decoder runs on the GEMM
-// path (the Wide twin). Same decoded order (pos(c) = c) and the same exact products as the bits
-// route, so the same bits.
-template <bool Twin>
-struct DecFP8HT : DecBase {
-  static constexpr int G = 128, NSUB = 4, NV = 2, GB = 128, kSPG = 1;
-  static constexpr bool kScaled = true, kPost = false, kRowScales = false;
-  static constexpr int kBias = 8;  // the scale's exponent field is b + kBias
-  struct St {
-    const uint8_t* p;
-  };
-  explicit DecFP8HT(const QWeight& w) : DecBase(w, w.cols, 128) {}
-  static constexpr int pos(int c) { return c; }
-  TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
-    const uint8_t* s = scales + (r / 128) * scale_cols + g0;
-    const int64_t n = g1 - g0;
-    for (int64_t i = 0; i < n; i += 16) {
-      const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(first_lanes(n - i), s + i));
-      const __m512i f = _mm512_slli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(kBias)), 23);
-      _mm512_storeu_ps(sb + i, _mm512_castsi512_ps(f));
-    }
-  }
-  TGTI static void load(const uint8_t* gp, int sub, St& st) { st.p = gp + 32 * sub; }
+// as for the bits route (fp8_fast_ok), and outside its range the same decode runs on the GEMM
+// path (DecFP8H::Wide: this struct, without a Wide of its own). Same decoded order and the same
+// exact products as the bits route, so the same bits.
+struct DecFP8F16 : DecFP8Base<8> {
+  using DecFP8Base::DecFP8Base;
   TGTI static __m512 vec(const St& st, int k) {
     const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(st.p + 16 * k)));
     return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(static_cast<short>(0xBFFF))));
   }
-  TGTI static __m512 scale(const float* sb, int64_t g) { return _mm512_set1_ps(sb[g]); }
 };
-struct DecFP8H : DecFP8HT<false> {
-  using Wide = DecFP8HT<true>;
-  using DecFP8HT::DecFP8HT;
+struct DecFP8H : DecFP8F16 {
+  using Wide = DecFP8F16;
+  using DecFP8F16::DecFP8F16;
 };
 
 // FP4: 64 bytes = 128 columns. Dword lane i holds bytes 4i..4i+3; shifting it right by 4k puts
