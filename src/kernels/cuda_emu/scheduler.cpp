@@ -6,7 +6,8 @@
 // waiting or exiting fiber switches straight to the next fiber in the queue; only when the queue
 // is empty does control return to the host (scheduler) context: either every thread has exited,
 // or the block is stuck (a barrier or collective that part of its group never reaches), which
-// fails the launch with a description of who waits where.
+// fails the launch with a description of who waits where. A warp released from a collective
+// goes to the front of the queue: its lanes run on while their stacks are in cache.
 //
 // Barrier rules (what a GPU does for code that follows the CUDA programming guide):
 // - __syncthreads releases when every thread of the block that has not exited is waiting, all
@@ -42,7 +43,8 @@
 // dsv4_emu_ctx_switch(&from_sp, to_sp): pushes the callee-saved registers (rbp, rbx, r12-r15)
 // and the floating-point control state (MXCSR, x87 control word: rounding modes and exception
 // masks are callee-saved by the ABI), stores the stack pointer in *from_sp, loads to_sp and pops
-// the same frame from there. Everything else is caller-saved, so the compiler has spilled it.
+// the same frame from there. The control state is loaded only when it differs from the running
+// one: ldmxcsr / fldcw were most of a switch's time, and kernels almost never change it. Everything else is caller-saved, so the compiler has spilled it.
 // A new fiber's stack holds such a frame whose return address is dsv4_emu_fiber_start, which
 // calls dsv4_emu_fiber_main with a 16-byte-aligned stack (rbp = 0 ends frame-pointer walks).
 extern "C" void dsv4_emu_ctx_switch(void** from_sp, void* to_sp);
@@ -64,10 +66,18 @@ dsv4_emu_ctx_switch:
   subq $8, %rsp
   stmxcsr (%rsp)
   fnstcw 4(%rsp)
+  movl (%rsp), %eax
+  movzwl 4(%rsp), %ecx
   movq %rsp, (%rdi)
   movq %rsi, %rsp
+  cmpl (%rsp), %eax
+  je 1f
   ldmxcsr (%rsp)
+1:
+  cmpw 4(%rsp), %cx
+  je 2f
   fldcw 4(%rsp)
+2:
   addq $8, %rsp
   popq %r15
   popq %r14
@@ -107,17 +117,20 @@ struct Fiber {
   uint3 tid{0, 0, 0};
   int warp = 0, lane = 0;
   State state = State::Ready;
-  // Where it waits, and its part of a warp collective.
+  // Where it waits (its part of a warp collective is in its Warp).
   const char* file = nullptr;
   int line = 0;
-  Collective op = Collective::SyncWarp;
-  unsigned mask = 0;
-  int arg = 0, width = 32;
-  uint64_t value = 0, result = 0;
   // The stack (not used for g_host), and AddressSanitizer's per-fiber fake stack.
   char* stack_lo = nullptr;
   size_t stack_size = 0;
   void* asan_fake = nullptr;
+};
+
+// A lane's part of a warp collective. Kept together per warp (not in each Fiber): completing a
+// collective reads all 32 lanes' operands, which then share a few cache lines.
+struct LaneOperand {
+  uint64_t value = 0, result = 0;
+  int arg = 0, width = 32;
 };
 
 struct Warp {
@@ -125,6 +138,7 @@ struct Warp {
   unsigned arrived = 0;  // lanes waiting at the current collective
   unsigned mask = 0;
   Collective op = Collective::SyncWarp;
+  LaneOperand lane[32];
 };
 
 struct Block {
@@ -193,6 +207,19 @@ void push(int i) {
   b.queue[k] = i;
 }
 
+// ids[0, n) run next, in that order, before the rest of the queue.
+void push_front(const int* ids, int n) {
+  Block& b = g_blk;
+  const size_t size = b.queue.size();
+  size_t k = b.head >= static_cast<size_t>(n) ? b.head - n : b.head + size - n;
+  b.head = k;
+  b.count += n;
+  for (int j = 0; j < n; ++j) {
+    b.queue[k] = ids[j];
+    if (++k == size) k = 0;
+  }
+}
+
 int pop() {
   Block& b = g_blk;
   if (b.count == 0) return -1;
@@ -220,8 +247,11 @@ inline void asan_switched_in(void* fake_stack) {
 #endif
 }
 
+// The counters, reached without a call per switch.
+Stats* const g_stats_ptr = &mutable_stats();
+
 void switch_to(Fiber* from, Fiber* to, bool from_is_done) {
-  ++mutable_stats().switches;
+  ++g_stats_ptr->switches;
   g_cur = to;
   if (to != &g_host) {
     to->state = State::Running;
@@ -309,7 +339,7 @@ void release_barrier() {
     if (&f != g_cur) push(i);
   }
   b.at_barrier = 0;
-  ++mutable_stats().syncthreads;
+  ++g_stats_ptr->syncthreads;
 }
 
 // Whole description of a stuck block: who waits where, who has exited.
@@ -346,42 +376,51 @@ std::string describe_deadlock() {
   return s;
 }
 
-// A warp whose mask has fully arrived: every lane's result at once, then the lanes run again.
+// A warp whose mask has fully arrived: every lane's result at once, then the lanes run again,
+// ahead of the other warps (their stacks are still in cache; a GPU's warps progress
+// independently too).
 void complete_warp(int w) {
   Block& b = g_blk;
   Warp& wp = b.warps[w];
-  Fiber* lanes = &b.threads[static_cast<size_t>(w) * 32];
+  LaneOperand* op = wp.lane;
+  const unsigned mask = wp.mask;
   unsigned ballot = 0;
   for (int l = 0; l < 32; ++l)
-    if ((wp.mask >> l & 1u) && lanes[l].value != 0) ballot |= 1u << l;
+    if ((mask >> l & 1u) && op[l].value != 0) ballot |= 1u << l;
   for (int l = 0; l < 32; ++l) {
-    if (!(wp.mask >> l & 1u)) continue;
-    Fiber& f = lanes[l];
-    const int width = f.width, seg = l & ~(width - 1);
+    if (!(mask >> l & 1u)) continue;
+    LaneOperand& o = op[l];
+    const int width = o.width, seg = l & ~(width - 1), arg = o.arg;
     int src = l;
     switch (wp.op) {
       case Collective::SyncWarp: break;
-      case Collective::ShflIdx: src = seg + (((f.arg % width) + width) % width); break;
-      case Collective::ShflUp: src = (l - seg) >= f.arg ? l - f.arg : l; break;
-      case Collective::ShflDown: src = (l - seg) + f.arg < width ? l + f.arg : l; break;
-      case Collective::ShflXor: src = l ^ f.arg; if (src >= seg + width || src > 31) src = l; break;
-      case Collective::Ballot: f.result = ballot; continue;
-      case Collective::Any: f.result = ballot != 0; continue;
-      case Collective::All: f.result = ballot == wp.mask; continue;
+      case Collective::ShflIdx: src = seg + (((arg % width) + width) % width); break;
+      case Collective::ShflUp: src = (l - seg) >= arg ? l - arg : l; break;
+      case Collective::ShflDown: src = (l - seg) + arg < width ? l + arg : l; break;
+      case Collective::ShflXor: src = l ^ arg; if (src >= seg + width || src > 31) src = l; break;
+      case Collective::Ballot: o.result = ballot; continue;
+      case Collective::Any: o.result = ballot != 0; continue;
+      case Collective::All: o.result = ballot == mask; continue;
     }
-    if (src < 0 || src > 31 || !(wp.mask >> src & 1u))
+    if (src < 0 || src > 31 || !(mask >> src & 1u)) {
+      const Fiber& f = b.threads[static_cast<size_t>(w) * 32 + l];
       DSV4_EMU_FAIL(thread_name(f) + " at " + where(f) + ": " + op_name(wp.op) + " reads lane " + std::to_string(src) +
            ", which is not in the mask");
-    f.result = lanes[src].value;
+    }
+    o.result = op[src].value;
   }
+  // In thread order (reverse order when asked); the running lane just goes on.
+  Fiber* lanes = &b.threads[static_cast<size_t>(w) * 32];
+  int ids[32], n = 0;
   for (int k = 0; k < 32; ++k) {
     const int l = g_reverse ? 31 - k : k;
-    if (!(wp.mask >> l & 1u)) continue;
+    if (!(mask >> l & 1u)) continue;
     lanes[l].state = State::Ready;
-    if (&lanes[l] != g_cur) push(w * 32 + l);
+    if (&lanes[l] != g_cur) ids[n++] = w * 32 + l;
   }
+  push_front(ids, n);
   wp.arrived = 0;
-  ++mutable_stats().warp_collectives;
+  ++g_stats_ptr->warp_collectives;
 }
 
 // Runs one block to completion (or failure).
@@ -410,7 +449,7 @@ void run_block() {
     f.sp = sp;
     push(i);
   }
-  for (Warp& w : b.warps) w = Warp{};
+  for (Warp& w : b.warps) w.lanes = w.arrived = 0;  // the lane operands are written before they are read
   for (int i = 0; i < b.n; ++i) b.warps[i / 32].lanes |= 1u << (i % 32);
 
   switch_to(&g_host, &b.threads[pop()], false);
@@ -436,7 +475,7 @@ extern "C" void dsv4_emu_fiber_main() {
   using namespace dsv4::emu;
   asan_switched_in(nullptr);
   Fiber* me = g_cur;
-  ++mutable_stats().threads;
+  ++g_stats_ptr->threads;
   g_blk.run(g_blk.call);
   me->state = State::Exited;
   --g_blk.live;
@@ -455,7 +494,7 @@ void syncthreads(const char* file, int line) {
   if (b.at_barrier == 0) {
     b.bar_file = file;
     b.bar_line = line;
-  } else if (line != b.bar_line || std::strcmp(file, b.bar_file) != 0) {
+  } else if (line != b.bar_line || (file != b.bar_file && std::strcmp(file, b.bar_file) != 0)) {
     DSV4_EMU_FAIL("divergent __syncthreads: " + thread_name(*me) + " waits at " + where(*me) + " while " +
          std::to_string(b.at_barrier) + " threads wait at " + short_path(b.bar_file) + ":" + std::to_string(b.bar_line));
   }
@@ -468,11 +507,9 @@ void syncthreads(const char* file, int line) {
   yield(me, false);
 }
 
-uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line) {
-  Fiber* me = current_thread(op_name(op));
-  Warp& w = g_blk.warps[me->warp];
-  me->file = file;
-  me->line = line;
+namespace {
+// Why a warp collective cannot go on (kept out of warp_collective: its hot path stays small).
+[[gnu::noinline, gnu::cold, noreturn]] void fail_collective(Fiber* me, const Warp& w, Collective op, unsigned mask, int width) {
   const unsigned bit = 1u << me->lane;
   if (!(mask & bit))
     DSV4_EMU_FAIL(thread_name(*me) + " at " + where(*me) + ": " + op_name(op) + " with a mask that does not include the lane");
@@ -480,29 +517,39 @@ uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, 
     DSV4_EMU_FAIL(thread_name(*me) + " at " + where(*me) + ": " + op_name(op) + " mask names lanes past the end of the block");
   if (width <= 0 || width > 32 || (width & (width - 1)) != 0)
     DSV4_EMU_FAIL(thread_name(*me) + " at " + where(*me) + ": shuffle width " + std::to_string(width) + " is not a power of two <= 32");
-  if (w.arrived == 0) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s (mask 0x%08x) while lanes 0x%08x wait at %s (mask 0x%08x)", op_name(op), mask,
+                w.arrived, op_name(w.op), w.mask);
+  DSV4_EMU_FAIL("divergent warp collective: " + thread_name(*me) + " at " + where(*me) + ": " + buf);
+}
+}  // namespace
+
+uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line) {
+  Fiber* me = current_thread(op_name(op));
+  Warp& w = g_blk.warps[me->warp];
+  me->file = file;
+  me->line = line;
+  const unsigned bit = 1u << me->lane;
+  const bool bad_args = !(mask & bit) || (mask & ~w.lanes) || width <= 0 || width > 32 || (width & (width - 1)) != 0;
+  if (w.arrived == 0 && !bad_args) {
     w.mask = mask;
     w.op = op;
-  } else if (w.mask != mask || w.op != op) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "%s (mask 0x%08x) while lanes 0x%08x wait at %s (mask 0x%08x)", op_name(op), mask,
-                  w.arrived, op_name(w.op), w.mask);
-    DSV4_EMU_FAIL("divergent warp collective: " + thread_name(*me) + " at " + where(*me) + ": " + buf);
+  } else if (bad_args || w.mask != mask || w.op != op) [[unlikely]] {
+    fail_collective(me, w, op, mask, width);
   }
-  me->op = op;
-  me->mask = mask;
-  me->arg = arg;
-  me->width = width;
-  me->value = value;
+  LaneOperand& o = w.lane[me->lane];
+  o.arg = arg;
+  o.width = width;
+  o.value = value;
   me->state = State::AtWarp;
   w.arrived |= bit;
   if (w.arrived == w.mask) {
     complete_warp(me->warp);
     me->state = State::Running;
-    return me->result;
+    return o.result;
   }
   yield(me, false);
-  return me->result;
+  return o.result;
 }
 
 void set_reverse(bool on) {
