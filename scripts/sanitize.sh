@@ -15,5 +15,6 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DDSV4_SANITIZE=ON -DDSV4_CU
 cmake --build build-asan -j"$(nproc)"
 export DSV4_TOKENIZER_DIR="$PWD/build/deps/tokenizer" DSV4_TOKENIZER="$PWD/build/deps/tokenizer/tokenizer.json"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+scripts/seed-ctest-costs.sh tests/ctest-costs-asan.txt build-asan
 cd build-asan && ctest --output-on-failure -j"$(nproc)" \
   -E 'LongContextAtRealSettings|DraftEqualsPlainGreedy|LargeInputsAreFast|Cli.Bench|^Server\.'
