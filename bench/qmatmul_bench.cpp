@@ -5,12 +5,15 @@
 //
 // Usage: qmatmul_bench [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N]
 //                      [--only bw|gemv|sweep|gemm] [--shape ROWSxCOLS] [--format F[,F...]] [--no-probe]
-//                      [--tokens T]
+//                      [--tokens T] [--fp8-subnormal-stride N]
 // --only bw measures the streaming read bandwidth on all threads and stops; --format limits the
 // GEMV and GEMM tables to the named formats (F32, BF16, F16, FP8Block, MXFP4, NVFP4; any case);
 // --no-probe skips the machine probes (the GEMV's "of bw" column then shows "-").
 // --tokens T runs the GEMV table with T tokens per call (a batched decode step's matmuls: each
 // weight byte still read once per call from beyond the LLC) and adds its GFLOP/s.
+// --fp8-subnormal-stride N keeps the FP8 weights' E4M3 subnormal codes at one byte in N (default
+// 512: about one code in 8000, like quantised weights; 1: random bytes', one in 16), to see the
+// FP8 decode routes on subnormal-rich weights (qmatmul.h, Fp8Decode).
 // scripts/ggml-compare.sh runs it as `--only gemv --shape RxC --format F --no-probe` and `--only bw`.
 // GCC 12's intrinsic headers build _mm*_undefined_*() from self-initialised locals, which
 // trips -Wuninitialized once inlined (GCC PR 105593); silence it for the header only.
@@ -96,6 +99,8 @@ void fill_random(uint8_t* p, size_t n, uint64_t seed) {
   });
 }
 
+size_t g_fp8_subnormal_stride = 512;  // --fp8-subnormal-stride
+
 // Makes random bytes valid, moderate values of the format (no NaN/inf/subnormal floats).
 void sanitize(WFormat f, uint8_t* p, size_t n) {
   thread_pool().parallel_for(static_cast<int64_t>(n / 4096 + 1), [&](int64_t b, int64_t e) {
@@ -120,9 +125,10 @@ void sanitize(WFormat f, uint8_t* p, size_t n) {
       // quantised normal weights (0.012-0.017%) and in real blocks scaled to their largest value:
       // random bytes would have one in 16, which on Intel makes the bits decode measure
       // microcode assists, not the kernel (qmatmul.h, Fp8Decode).
+      // --fp8-subnormal-stride N keeps them at one byte in N instead (1: all of random bytes').
       for (size_t i = lo; i < hi; ++i) {
         if ((p[i] & 0x7F) == 0x7F) p[i] ^= 1;
-        if ((p[i] & 0x78) == 0 && (p[i] & 7) != 0 && i % 512 != 0) p[i] |= 0x08;
+        if ((p[i] & 0x78) == 0 && (p[i] & 7) != 0 && i % g_fp8_subnormal_stride != 0) p[i] |= 0x08;
       }
     }
   });
@@ -210,6 +216,13 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--no-probe") {
       probe = false;
+    } else if (a == "--fp8-subnormal-stride" && i + 1 < argc) {
+      const long long n = std::atoll(argv[++i]);
+      if (n < 1) {
+        std::fprintf(stderr, "--fp8-subnormal-stride wants a positive byte stride\n");
+        return 2;
+      }
+      g_fp8_subnormal_stride = static_cast<size_t>(n);
     } else if (a == "--shape" && i + 1 < argc) {
       if (std::sscanf(argv[++i], "%lldx%lld", &shape_rows, &shape_cols) != 2 || shape_rows <= 0 || shape_cols <= 0) {
         std::fprintf(stderr, "--shape wants ROWSxCOLS, e.g. 2048x4096\n");
@@ -217,7 +230,8 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N] "
-                   "[--only bw|gemv|sweep|gemm] [--shape ROWSxCOLS] [--format F[,F...]] [--no-probe] [--tokens T]\n",
+                   "[--only bw|gemv|sweep|gemm] [--shape ROWSxCOLS] [--format F[,F...]] [--no-probe] [--tokens T] "
+                   "[--fp8-subnormal-stride N]\n",
                    argv[0]);
       return 2;
     }

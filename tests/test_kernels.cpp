@@ -377,8 +377,8 @@ TEST(Kernels, Fp8RangeExact) {
     Isa isa;
     Fp8Decode route;
   };
-  for (const Case c : {Case{Isa::AVX2, Fp8Decode::Bits}, Case{Isa::AVX512, Fp8Decode::Bits},
-                       Case{Isa::AVX512, Fp8Decode::F16}}) {
+  for (const Case c : {Case{Isa::AVX2, Fp8Decode::Bits}, Case{Isa::AVX2, Fp8Decode::F16},
+                       Case{Isa::AVX512, Fp8Decode::Bits}, Case{Isa::AVX512, Fp8Decode::F16}}) {
     if (!isa_supported(c.isa)) continue;
     IsaGuard guard(c.isa);
     Fp8Guard fp8(c.route);
@@ -401,13 +401,12 @@ TEST(Kernels, Fp8RangeExact) {
   }
 }
 
-// The AVX-512 FP8 decode routes (bits: e4m3 * 2^-120 by integer ops; f16: through vcvtph2ps,
-// the default on Intel) must give the same bits on every path, T and row range, E4M3 subnormal
-// codes included (make_weight draws every finite byte), and each must reproduce dequant_row's
-// values exactly (one-hot activations).
-TEST(Kernels, AVX512Fp8RoutesAgree) {
-  REQUIRE_ISA(Isa::AVX512);
-  IsaGuard guard(Isa::AVX512);
+// The FP8 decode routes of each ISA (bits: e4m3 * 2^-120 by integer ops; f16: through
+// vcvtph2ps, Auto's choice on Intel for subnormal-rich weights) must give the same bits on every
+// path, T and row range, E4M3 subnormal codes included (make_weight draws every finite byte), and
+// each must reproduce dequant_row's values exactly (one-hot activations).
+void fp8_routes_agree(Isa isa) {
+  IsaGuard guard(isa);
   uint32_t seed = 700;
   for (const Shape& s : {Shape{300, 2339}, Shape{130, 260}, Shape{9, 5}}) {
     const OwnedWeight o = make_weight(WFormat::FP8Block, s.rows, s.cols, seed++);
@@ -432,8 +431,18 @@ TEST(Kernels, AVX512Fp8RoutesAgree) {
   }
   for (Fp8Decode route : {Fp8Decode::Bits, Fp8Decode::F16}) {
     Fp8Guard fp8(route);
-    run_isa_exact(Isa::AVX512);
+    run_isa_exact(isa);
   }
+}
+
+TEST(Kernels, AVX512Fp8RoutesAgree) {
+  REQUIRE_ISA(Isa::AVX512);
+  fp8_routes_agree(Isa::AVX512);
+}
+
+TEST(Kernels, AVX2Fp8RoutesAgree) {
+  REQUIRE_ISA(Isa::AVX2);
+  fp8_routes_agree(Isa::AVX2);
 }
 
 // Auto picks F16 only on Intel and only for weights with many E4M3 subnormals (make_weight draws

@@ -42,25 +42,26 @@ Isa active_isa();
 void set_isa_override(Isa isa);
 void clear_isa_override();
 
-// How the AVX-512 kernels decode FP8 (E4M3) weights; the results are bit-identical either way
+// How the AVX-512 and AVX2 kernels decode FP8 (E4M3) weights; the results are bit-identical either way
 // (the same decoded order and the same exact products), only the speed differs:
 //   Bits: integer operations build each weight as the float e4m3 * 2^-120 (3 per 16 weights);
 //         E4M3 subnormals (exponent field 0) become float subnormals.
 //   F16:  bit moves to F16 (e4m3 * 2^-8), widened by vcvtph2ps: always a normal float, one
-//         conversion more per 16 weights (GEMV T = 1 ~8% slower on the development Xeon).
+//         conversion more per 16 weights (AVX-512 GEMV T = 1 ~8% slower on the development
+//         Xeon; on AVX2 also a byte shuffle and a lane permute, to keep the bits route's order).
 //   Auto: Bits, except on Intel CPUs for calls whose weights hold many E4M3 subnormals: an Intel
 //         core takes a microcode assist for every FMA with a subnormal operand (~30x the time of
 //         one FMA on the development Xeon; AMD Zen does not), so such a call runs F16. "Many":
 //         at least 2 in a sample of 4 KiB of the call's rows (one in 2048; quantised normal
 //         weights have about one in 7000-9000, random bytes one in 16). docs/perf.md session 16.
-// Default Auto; DSV4_FP8_DECODE=auto|bits|f16 (read once) or the override forces one. The AVX2
-// kernels always use their bits route.
+// Default Auto; DSV4_FP8_DECODE=auto|bits|f16 (read once) or the override forces one. The scalar
+// kernels have one route.
 enum class Fp8Decode { Auto, Bits, F16 };
 const char* fp8_decode_name(Fp8Decode d);
 Fp8Decode active_fp8_decode();
 void set_fp8_decode_override(Fp8Decode d);
 void clear_fp8_decode_override();
-// The route (Bits or F16) an AVX-512 qmatmul of rows [r0, r1) of FP8 weight w takes now.
+// The route (Bits or F16) an AVX-512 or AVX2 qmatmul of rows [r0, r1) of FP8 weight w takes now.
 Fp8Decode fp8_decode_for(const QWeight& w, int64_t r0, int64_t r1);
 
 // Largest T handled by the fused kernel (default 24 with AVX-512, the crossover in qmatmul_bench's

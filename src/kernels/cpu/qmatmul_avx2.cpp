@@ -223,6 +223,49 @@ struct DecFP8 : DecFP8T<false> {
   using DecFP8T::DecFP8T;
 };
 
+// E4M3 through F16, in the bits route's decoded order (pos above), for Intel cores and weights
+// with many E4M3 subnormals (fp8_decode_for in qmatmul.h; the bits route makes them float
+// subnormals, and an Intel core takes a microcode assist for every FMA with one). Per sub-step one
+// vpshufb puts the 16 bytes of its two vectors, in lane order, into the high bytes of 16 words
+// (vector 0's four per 128-bit lane in the low qword, vector 1's in the high one), vpermq joins
+// the lanes' qwords, and an arithmetic shift by 1 with bit 14 cleared makes each word the F16
+// e4m3 * 2^-8 (subnormals included), which vcvtph2ps widens to a normal float. Scale field b + 8,
+// as DecFP8F16 on AVX-512; outside fp8_fast_ok's range the same decode runs on the GEMM path.
+// Same decoded order and the same exact products as the bits route, so the same bits; about twice
+// its operations, so only Auto's subnormal-rich calls take it.
+struct DecFP8F16 : DecBase {
+  static constexpr int G = 128, NSUB = 8, NV = 2, GB = 128, kSPG = 1;
+  static constexpr bool kScaled = true, kPost = false, kRowScales = false;
+  static constexpr uint32_t kBias = 8;
+  struct St {
+    __m256i h;  // vector 0's F16 in the low 128 bits, vector 1's in the high
+  };
+  explicit DecFP8F16(const QWeight& w) : DecBase(w, w.cols, 128) {}
+  static constexpr int pos(int c) { return DecFP8::pos(c); }
+  void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
+    const uint8_t* s = scales + (r / 128) * scale_cols;
+    for (int64_t g = g0; g < g1; ++g) sb[g - g0] = std::bit_cast<float>((static_cast<uint32_t>(s[g]) + kBias) << 23);
+  }
+  // Sub-step 2q + p: vector 0 lane i is byte 32q + 4i + 3 - p, vector 1 lane i byte 32q + 4i + 1 - p.
+  TGTI static void load(const uint8_t* gp, int sub, St& st) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 32 * (sub >> 1)));
+    const int p = sub & 1;
+    const char z = static_cast<char>(0x80);  // vpshufb: a zero byte
+    const __m256i ctl = _mm256_setr_epi8(z, 3 - p, z, 7 - p, z, 11 - p, z, 15 - p, z, 1 - p, z, 5 - p, z, 9 - p, z, 13 - p,
+                                         z, 3 - p, z, 7 - p, z, 11 - p, z, 15 - p, z, 1 - p, z, 5 - p, z, 9 - p, z, 13 - p);
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, ctl), 0xD8);  // qwords 0, 2, 1, 3
+    st.h = _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16(static_cast<short>(0xBFFF)));
+  }
+  TGTI static __m256 vec(const St& st, int k) {
+    return _mm256_cvtph_ps(k == 0 ? _mm256_castsi256_si128(st.h) : _mm256_extracti128_si256(st.h, 1));
+  }
+  TGTI static __m256 scale(const float* sb, int64_t g) { return _mm256_broadcast_ss(sb + g); }
+};
+struct DecFP8H : DecFP8F16 {
+  using Wide = DecFP8F16;
+  using DecFP8F16::DecFP8F16;
+};
+
 // FP4 (MXFP4 and NVFP4): 32 bytes = 64 columns per group, decoded by byte lookups: both nibbles of every
 // byte are looked up with vpshufb in two 16-byte tables, the low and high bytes of the value's
 // bf16 pattern (every e2m1 value, sign included, is exact in bf16), interleaved into words, and
@@ -414,7 +457,10 @@ struct Shape {
 };
 template <class D>
 struct FusedShapes {
-  using S1 = Shape<std::is_same_v<D, DecNV> ? 2 : (std::is_same_v<D, DecMX> || std::is_same_v<D, DecFP8>) ? 4 : 8, 1>;
+  using S1 = Shape<std::is_same_v<D, DecNV> ? 2
+                   : (std::is_same_v<D, DecMX> || std::is_same_v<D, DecFP8> || std::is_same_v<D, DecFP8H>) ? 4
+                                                                                                          : 8,
+                   1>;
   using S2 = Shape<2, 2>;
   using S4 = Shape<1, 4>;
   using SN = Shape<1, 4>;
@@ -432,6 +478,8 @@ struct GemmShape {
 
 void run_avx2(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
               int64_t ldy, int fused_max_t) {
+  if (w.fmt == WFormat::FP8Block && fp8_via_f16(w, r0, r1))
+    return run_any<DecF32, DecBF16, DecF16, DecFP8H, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
   run_any<DecF32, DecBF16, DecF16, DecFP8, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
 }
 
