@@ -233,19 +233,11 @@ struct DecFP8 : DecFP8T<false> {
 // as DecFP8F16 on AVX-512; outside fp8_fast_ok's range the same decode runs on the GEMM path.
 // Same decoded order and the same exact products as the bits route, so the same bits; about twice
 // its operations, so only Auto's subnormal-rich calls take it.
-struct DecFP8F16 : DecBase {
-  static constexpr int G = 128, NSUB = 8, NV = 2, GB = 128, kSPG = 1;
-  static constexpr bool kScaled = true, kPost = false, kRowScales = false;
-  static constexpr uint32_t kBias = 8;
+struct DecFP8F16 : DecFP8T<true> {  // geometry, order, scale field b + 8 and prep: the wide bits route's
   struct St {
     __m256i h;  // vector 0's F16 in the low 128 bits, vector 1's in the high
   };
-  explicit DecFP8F16(const QWeight& w) : DecBase(w, w.cols, 128) {}
-  static constexpr int pos(int c) { return DecFP8::pos(c); }
-  void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
-    const uint8_t* s = scales + (r / 128) * scale_cols;
-    for (int64_t g = g0; g < g1; ++g) sb[g - g0] = std::bit_cast<float>((static_cast<uint32_t>(s[g]) + kBias) << 23);
-  }
+  using DecFP8T::DecFP8T;
   // Sub-step 2q + p: vector 0 lane i is byte 32q + 4i + 3 - p, vector 1 lane i byte 32q + 4i + 1 - p.
   TGTI static void load(const uint8_t* gp, int sub, St& st) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gp + 32 * (sub >> 1)));
@@ -259,7 +251,6 @@ struct DecFP8F16 : DecBase {
   TGTI static __m256 vec(const St& st, int k) {
     return _mm256_cvtph_ps(k == 0 ? _mm256_castsi256_si128(st.h) : _mm256_extracti128_si256(st.h, 1));
   }
-  TGTI static __m256 scale(const float* sb, int64_t g) { return _mm256_broadcast_ss(sb + g); }
 };
 struct DecFP8H : DecFP8F16 {
   using Wide = DecFP8F16;
