@@ -4,8 +4,10 @@
 // reduction without its barrier gives wrong sums). Built only against the emulator (label gpu-emu).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cfenv>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -114,6 +116,34 @@ __device__ float block_sum_without_barrier(float v) {
 __global__ void mutant_block_sum_kernel(const float* x, float* out) {
   const float s = block_sum_without_barrier(x[blockIdx.x * blockDim.x + threadIdx.x]);
   if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+
+// Every reduction both ways: the shuffle butterfly a GPU runs and gpu::warp_butterfly (one
+// emulator collective). Per thread, kButterflyWords words: the two results of each reduction.
+constexpr int kButterflyWords = 12;
+__global__ void butterfly_kernel(const float* x, const int32_t* idx, uint32_t* out) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  const float v = x[t];
+  const double d = static_cast<double>(v) * (t % 3 == 0 ? -1.5 : 0.75);
+  const gpu::ArgBest c{v, idx[t]};
+  const float s[2] = {gpu::warp_butterfly_shfl(v, gpu::SumOp{}), gpu::warp_sum(v)};
+  const float m[2] = {gpu::warp_butterfly_shfl(v, gpu::MaxOp{}), gpu::warp_max(v)};
+  const double ds[2] = {gpu::warp_butterfly_shfl(d, gpu::SumOp{}), gpu::warp_sum(d)};
+  const gpu::ArgBest a[2] = {gpu::warp_butterfly_shfl(c, gpu::ArgmaxOp{}), gpu::warp_butterfly(c, gpu::ArgmaxOp{})};
+  uint32_t* o = out + static_cast<size_t>(t) * kButterflyWords;
+  std::memcpy(o, s, 8);
+  std::memcpy(o + 2, m, 8);
+  std::memcpy(o + 4, ds, 16);
+  for (int k = 0; k < 2; ++k) {
+    std::memcpy(o + 8 + 2 * k, &a[k].v, 4);
+    std::memcpy(o + 9 + 2 * k, &a[k].i, 4);
+  }
+}
+
+// Lanes below `split` sum, the others take the maximum: the same collective with two combines.
+__global__ void mixed_combine_kernel(int split, float* out) {
+  const float v = static_cast<float>(threadIdx.x);
+  out[threadIdx.x] = static_cast<int>(threadIdx.x & 31) < split ? gpu::warp_sum(v) : gpu::warp_max(v);
 }
 
 // ================================================================ helpers
@@ -316,4 +346,83 @@ TEST_F(Emu, MutationDeletedBarrierInBlockSumIsCaught) {
     EXPECT_EQ(wrong_sums(block_sum_kernel, c), 0) << (rev ? "reverse" : "forward");
     EXPECT_GT(wrong_sums(mutant_block_sum_kernel, c), 0) << (rev ? "reverse" : "forward");
   }
+}
+
+// gpu::warp_butterfly, one collective under the emulator, gives every lane the bits its five
+// shuffles give, for every reduction the kernels use, including NaN / infinity / signed-zero /
+// subnormal inputs and argmax ties; and both equal a host model of the butterfly's order (lane l,
+// round o: combine(own, lane l ^ o)). The inputs are order-sensitive: the rounds in the other
+// order (o = 1 .. 16) give different sums, so an emulator that reordered them would fail here.
+TEST_F(Emu, ButterflyEqualsShuffles) {
+  constexpr int kBlocks = 4, kThreads = 128, n = kBlocks * kThreads;
+  std::mt19937 g(11);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> expo(-20, 20);
+  std::vector<float> x(n);
+  std::vector<int32_t> idx(n);
+  for (int t = 0; t < n; ++t) {
+    x[t] = std::ldexp(mant(g), expo(g));
+    idx[t] = t % 32;
+  }
+  const float inf = INFINITY, nan = std::nanf("");
+  x[32 + 5] = nan;                                    // warp 1: one NaN
+  x[64 + 3] = inf, x[64 + 9] = -inf;                  // warp 2: inf - inf
+  for (int l = 0; l < 32; ++l) x[96 + l] = (l % 2) ? 0.0f : -0.0f;  // warp 3: signed zeros
+  for (int l = 0; l < 32; ++l) x[128 + l] = 2.5f;     // warp 4: argmax ties everywhere
+  for (int l = 0; l < 32; ++l) x[160 + l] = 0x1p-140f * static_cast<float>(l + 1);  // warp 5: subnormals
+  for (int l = 0; l < 32; l += 3) idx[192 + l] = -1;  // warp 6: some lanes have no candidate
+  gpu::DeviceBuffer dx = device_floats(x), di = gpu::to_device(idx), out(static_cast<size_t>(n) * kButterflyWords * 4);
+  for (bool rev : {false, true}) {
+    emu::set_reverse(rev);
+    DSV4_LAUNCH(kBlocks, kThreads, 0, nullptr, butterfly_kernel)(dx.as<const float>(), di.as<const int32_t>(),
+                                                                  out.as<uint32_t>());
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess) << emu::last_failure();
+    const std::vector<uint32_t> got = gpu::to_host<uint32_t>(out, static_cast<size_t>(n) * kButterflyWords);
+    int order_sensitive = 0;
+    for (int t = 0; t < n; ++t) {
+      const uint32_t* o = &got[static_cast<size_t>(t) * kButterflyWords];
+      EXPECT_EQ(o[0], o[1]) << "sum, thread " << t;
+      EXPECT_EQ(o[2], o[3]) << "max, thread " << t;
+      EXPECT_EQ(o[4], o[6]) << "double sum, thread " << t;
+      EXPECT_EQ(o[5], o[7]) << "double sum, thread " << t;
+      EXPECT_EQ(o[8], o[10]) << "argmax value, thread " << t;
+      EXPECT_EQ(o[9], o[11]) << "argmax index, thread " << t;
+      // The host model of lane t's float sum, in the butterfly's order and in the other order.
+      const int base = t & ~31, lane = t & 31;
+      float v[32], r[32];
+      for (int l = 0; l < 32; ++l) v[l] = r[l] = x[base + l];
+      for (int k = 0; k < 5; ++k) {
+        float nv[32], nr[32];
+        for (int l = 0; l < 32; ++l) {
+          nv[l] = v[l] + v[l ^ (16 >> k)];
+          nr[l] = r[l] + r[l ^ (1 << k)];
+        }
+        std::memcpy(v, nv, sizeof v);
+        std::memcpy(r, nr, sizeof r);
+      }
+      EXPECT_EQ(std::bit_cast<uint32_t>(v[lane]), o[1]) << "host model, thread " << t;
+      order_sensitive += std::bit_cast<uint32_t>(r[lane]) != o[1];
+    }
+    EXPECT_GT(order_sensitive, n / 4);
+  }
+  // Argmax ties (warp 4) go to the lowest index, lanes without a candidate (warp 6) never win.
+  const std::vector<uint32_t> got = gpu::to_host<uint32_t>(out, static_cast<size_t>(n) * kButterflyWords);
+  EXPECT_EQ(got[static_cast<size_t>(128 + 17) * kButterflyWords + 11], 0u);
+  for (int l = 0; l < 32; ++l) EXPECT_NE(static_cast<int32_t>(got[static_cast<size_t>(192 + l) * kButterflyWords + 11]) % 3, 0);
+}
+
+// The butterfly is one collective per warp: 32 switches where five shuffles took 160.
+TEST_F(Emu, ButterflyIsOneCollective) {
+  gpu::DeviceBuffer out(64 * sizeof(float));
+  emu::reset_stats();
+  DSV4_LAUNCH(1, 64, 0, nullptr, shuffle_after_exit_kernel)(32, out.as<float>());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess) << emu::last_failure();
+  EXPECT_EQ(emu::stats().warp_collectives, 2u);
+  EXPECT_EQ(host_floats(out, 64), std::vector<float>(64, 32.0f));
+}
+
+TEST_F(Emu, ButterflyWithDifferentCombinesFails) {
+  gpu::DeviceBuffer out(32 * sizeof(float));
+  DSV4_LAUNCH(1, 32, 0, nullptr, mixed_combine_kernel)(16, out.as<float>());
+  expect_sticky(cudaErrorLaunchFailure, "another value type or combine");
 }

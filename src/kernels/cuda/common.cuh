@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -169,18 +170,60 @@ __device__ __forceinline__ uint32_t block_scale_byte(float amax, float limit) {
 
 // ================================================================ reductions
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+// The xor butterfly of a full warp: in rounds o = 16, 8, 4, 2, 1 every lane sets
+// v = combine(v, v of lane ^ o), so every lane ends with the combination of all 32 values. T is
+// at most 8 bytes; `F` a stateless function object. This is what a GPU runs: one shuffle per round
+// (two 32-bit ones for 8-byte values).
+template <class T, class F>
+__device__ __forceinline__ T warp_butterfly_shfl(T v, F combine) {
+  for (int o = 16; o > 0; o >>= 1) {
+    T other;
+    if constexpr (sizeof(T) == 8) {
+      unsigned long long bits;
+      memcpy(&bits, &v, 8);
+      bits = __shfl_xor_sync(kFullMask, bits, o);
+      memcpy(&other, &bits, 8);
+    } else {
+      static_assert(sizeof(T) == 4, "warp_butterfly: a 4- or 8-byte value");
+      unsigned int bits;
+      memcpy(&bits, &v, 4);
+      bits = __shfl_xor_sync(kFullMask, bits, o);
+      memcpy(&other, &bits, 4);
+    }
+    v = combine(v, other);
+  }
   return v;
 }
-__device__ __forceinline__ double warp_sum(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
+
+// The same butterfly as the reductions use it. Under the CUDA emulator it is one warp collective
+// that computes every lane's rounds in the same order (32 fiber switches instead of 160: these
+// reductions were most of an emulated decode step's switches); Emu.ButterflyEqualsShuffles
+// compares the two.
+template <class T, class F>
+__device__ __forceinline__ T warp_butterfly(T v, F combine) {
+#ifdef DSV4_CUDA_EMU
+  return ::dsv4::emu::butterfly(v, combine, __FILE__, __LINE__);
+#else
+  return warp_butterfly_shfl(v, combine);
+#endif
 }
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
+
+struct SumOp {
+  template <class T>
+  __device__ __forceinline__ T operator()(T mine, T theirs) const { return mine + theirs; }
+};
+// fmaxf's rule (a NaN loses) written out: fmaxf(-0, +0) may give either zero, and the
+// compiler's inline expansions and the library's disagree, so the two butterflies would too.
+// Here a lane keeps its own zero.
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float mine, float theirs) const {
+    return theirs > mine || mine != mine ? theirs : mine;
+  }
+};
+
+__device__ __forceinline__ float warp_sum(float v) { return warp_butterfly(v, SumOp{}); }
+__device__ __forceinline__ double warp_sum(double v) { return warp_butterfly(v, SumOp{}); }
+__device__ __forceinline__ float warp_max(float v) { return warp_butterfly(v, MaxOp{}); }
 
 // Sum over the whole block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
 // Contains __syncthreads: call from all threads.
@@ -374,27 +417,30 @@ __device__ __forceinline__ bool beats(float v, int32_t i, float bv, int32_t bi) 
   return v > bv || (v == bv && i < bi);
 }
 
+// A candidate of an argmax; the butterfly keeps the better of two.
+struct ArgBest {
+  float v;
+  int32_t i;
+};
+struct ArgmaxOp {
+  __device__ __forceinline__ ArgBest operator()(ArgBest mine, ArgBest theirs) const {
+    return beats(theirs.v, theirs.i, mine.v, mine.i) ? theirs : mine;
+  }
+};
+
 // Block-wide argmax of per-thread candidates (bv, bi); every thread gets the winner. Contains
 // __syncthreads: call from all threads.
 __device__ __forceinline__ void block_argmax(float& bv, int32_t& bi) {
   __shared__ float sv[32];
   __shared__ int32_t si[32];
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(kFullMask, bv, o);
-    const int32_t oi = __shfl_xor_sync(kFullMask, bi, o);
-    if (beats(ov, oi, bv, bi)) bv = ov, bi = oi;
-  }
+  ArgBest b = warp_butterfly(ArgBest{bv, bi}, ArgmaxOp{});
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   __syncthreads();  // sv/si may still be read from a previous call
-  if (lane == 0) sv[warp] = bv, si[warp] = bi;
+  if (lane == 0) sv[warp] = b.v, si[warp] = b.i;
   __syncthreads();
-  bv = lane < nw ? sv[lane] : 0.0f;
-  bi = lane < nw ? si[lane] : -1;
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(kFullMask, bv, o);
-    const int32_t oi = __shfl_xor_sync(kFullMask, bi, o);
-    if (beats(ov, oi, bv, bi)) bv = ov, bi = oi;
-  }
+  b = warp_butterfly(lane < nw ? ArgBest{sv[lane], si[lane]} : ArgBest{0.0f, -1}, ArgmaxOp{});
+  bv = b.v;
+  bi = b.i;
 }
 
 }  // namespace dsv4::gpu

@@ -269,7 +269,7 @@ void syncthreads(const char* file, int line);
 
 // Warp collectives: the calling lane waits until every lane of `mask` has reached a collective
 // of the same kind with the same mask; then all exchange at once.
-enum class Collective : uint8_t { SyncWarp, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All };
+enum class Collective : uint8_t { SyncWarp, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, Butterfly };
 uint64_t warp_collective(Collective op, unsigned int mask, uint64_t value, int arg, int width, const char* file,
                          int line);
 
@@ -277,15 +277,45 @@ inline void syncwarp(const char* file, int line, unsigned int mask = 0xFFFFFFFFu
   warp_collective(Collective::SyncWarp, mask, 0, 0, 32, file, line);
 }
 
+// The xor butterfly of a full warp as one collective (gpu::warp_butterfly): once all 32 lanes are
+// here, `rounds` computes every lane's five rounds v = combine(v, v of lane ^ o), o = 16, 8, 4, 2,
+// 1, in the order the shuffles would give. All lanes must pass the same `rounds` (one per value
+// type and combine). The arithmetic runs in the floating-point mode of the lane that arrives
+// last (device code has no dynamic rounding mode; only emulator tests change it).
+using ButterflyRounds = void (*)(uint64_t* lanes);  // lanes[32]: the values in, the results out
+uint64_t warp_butterfly(ButterflyRounds rounds, uint64_t value, const char* file, int line);
+
 template <class T>
-inline T shfl(Collective op, const char* file, int line, unsigned int mask, T v, int arg, int width = 32) {
-  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffle of a value wider than 8 bytes");
+inline uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "warp value wider than 8 bytes");
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof v);
-  bits = warp_collective(op, mask, bits, arg, width, file, line);
-  T r;
-  std::memcpy(&r, &bits, sizeof r);
-  return r;
+  return bits;
+}
+template <class T>
+inline T from_bits(uint64_t bits) {
+  T v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+template <class T, class F>
+void butterfly_rounds(uint64_t* lanes) {
+  T v[32], next[32];
+  for (int l = 0; l < 32; ++l) v[l] = from_bits<T>(lanes[l]);
+  for (int o = 16; o > 0; o >>= 1) {
+    for (int l = 0; l < 32; ++l) next[l] = F{}(v[l], v[l ^ o]);
+    std::memcpy(v, next, sizeof v);
+  }
+  for (int l = 0; l < 32; ++l) lanes[l] = to_bits(v[l]);
+}
+template <class T, class F>
+inline T butterfly(T v, F, const char* file, int line) {
+  return from_bits<T>(warp_butterfly(&butterfly_rounds<T, F>, to_bits(v), file, line));
+}
+
+template <class T>
+inline T shfl(Collective op, const char* file, int line, unsigned int mask, T v, int arg, int width = 32) {
+  return from_bits<T>(warp_collective(op, mask, to_bits(v), arg, width, file, line));
 }
 
 template <class T>

@@ -138,6 +138,7 @@ struct Warp {
   unsigned arrived = 0;  // lanes waiting at the current collective
   unsigned mask = 0;
   Collective op = Collective::SyncWarp;
+  ButterflyRounds rounds = nullptr;  // Collective::Butterfly's
   LaneOperand lane[32];
 };
 
@@ -295,6 +296,7 @@ const char* op_name(Collective op) {
     case Collective::Ballot: return "__ballot_sync";
     case Collective::Any: return "__any_sync";
     case Collective::All: return "__all_sync";
+    case Collective::Butterfly: return "gpu::warp_butterfly";
   }
   return "?";
 }
@@ -387,7 +389,12 @@ void complete_warp(int w) {
   unsigned ballot = 0;
   for (int l = 0; l < 32; ++l)
     if ((mask >> l & 1u) && op[l].value != 0) ballot |= 1u << l;
-  for (int l = 0; l < 32; ++l) {
+  if (wp.op == Collective::Butterfly) {
+    uint64_t v[32];
+    for (int l = 0; l < 32; ++l) v[l] = op[l].value;
+    wp.rounds(v);
+    for (int l = 0; l < 32; ++l) op[l].result = v[l];
+  } else for (int l = 0; l < 32; ++l) {
     if (!(mask >> l & 1u)) continue;
     LaneOperand& o = op[l];
     const int width = o.width, seg = l & ~(width - 1), arg = o.arg;
@@ -401,6 +408,7 @@ void complete_warp(int w) {
       case Collective::Ballot: o.result = ballot; continue;
       case Collective::Any: o.result = ballot != 0; continue;
       case Collective::All: o.result = ballot == mask; continue;
+      case Collective::Butterfly: continue;  // (not reached)
     }
     if (src < 0 || src > 31 || !(mask >> src & 1u)) {
       const Fiber& f = b.threads[static_cast<size_t>(w) * 32 + l];
@@ -509,7 +517,8 @@ void syncthreads(const char* file, int line) {
 
 namespace {
 // Why a warp collective cannot go on (kept out of warp_collective: its hot path stays small).
-[[gnu::noinline, gnu::cold, noreturn]] void fail_collective(Fiber* me, const Warp& w, Collective op, unsigned mask, int width) {
+[[gnu::noinline, gnu::cold, noreturn]] void fail_collective(Fiber* me, const Warp& w, Collective op, unsigned mask, int width,
+                                                             ButterflyRounds rounds) {
   const unsigned bit = 1u << me->lane;
   if (!(mask & bit))
     DSV4_EMU_FAIL(thread_name(*me) + " at " + where(*me) + ": " + op_name(op) + " with a mask that does not include the lane");
@@ -517,14 +526,18 @@ namespace {
     DSV4_EMU_FAIL(thread_name(*me) + " at " + where(*me) + ": " + op_name(op) + " mask names lanes past the end of the block");
   if (width <= 0 || width > 32 || (width & (width - 1)) != 0)
     DSV4_EMU_FAIL(thread_name(*me) + " at " + where(*me) + ": shuffle width " + std::to_string(width) + " is not a power of two <= 32");
+  if (w.op == op && w.mask == mask && w.rounds != rounds)
+    DSV4_EMU_FAIL("divergent warp collective: " + thread_name(*me) + " at " + where(*me) + ": " + op_name(op) +
+                  " with another value type or combine than the lanes waiting there");
   char buf[160];
   std::snprintf(buf, sizeof buf, "%s (mask 0x%08x) while lanes 0x%08x wait at %s (mask 0x%08x)", op_name(op), mask,
                 w.arrived, op_name(w.op), w.mask);
   DSV4_EMU_FAIL("divergent warp collective: " + thread_name(*me) + " at " + where(*me) + ": " + buf);
 }
-}  // namespace
 
-uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line) {
+// The calling lane's arrival at a collective; returns its result once the warp completes it.
+uint64_t arrive(Collective op, unsigned mask, uint64_t value, int arg, int width, ButterflyRounds rounds, const char* file,
+                int line) {
   Fiber* me = current_thread(op_name(op));
   Warp& w = g_blk.warps[me->warp];
   me->file = file;
@@ -534,8 +547,9 @@ uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, 
   if (w.arrived == 0 && !bad_args) {
     w.mask = mask;
     w.op = op;
-  } else if (bad_args || w.mask != mask || w.op != op) [[unlikely]] {
-    fail_collective(me, w, op, mask, width);
+    w.rounds = rounds;
+  } else if (bad_args || w.mask != mask || w.op != op || w.rounds != rounds) [[unlikely]] {
+    fail_collective(me, w, op, mask, width, rounds);
   }
   LaneOperand& o = w.lane[me->lane];
   o.arg = arg;
@@ -550,6 +564,15 @@ uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, 
   }
   yield(me, false);
   return o.result;
+}
+}  // namespace
+
+uint64_t warp_collective(Collective op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line) {
+  return arrive(op, mask, value, arg, width, nullptr, file, line);
+}
+
+uint64_t warp_butterfly(ButterflyRounds rounds, uint64_t value, const char* file, int line) {
+  return arrive(Collective::Butterfly, 0xFFFFFFFFu, value, 0, 32, rounds, file, line);
 }
 
 void set_reverse(bool on) {
