@@ -4,6 +4,7 @@
 // reduction without its barrier gives wrong sums). Built only against the emulator (label gpu-emu).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cfenv>
 #include <cmath>
@@ -372,12 +373,30 @@ TEST_F(Emu, ButterflyEqualsShuffles) {
   for (int l = 0; l < 32; ++l) x[160 + l] = 0x1p-140f * static_cast<float>(l + 1);  // warp 5: subnormals
   for (int l = 0; l < 32; l += 3) idx[192 + l] = -1;  // warp 6: some lanes have no candidate
   gpu::DeviceBuffer dx = device_floats(x), di = gpu::to_device(idx), out(static_cast<size_t>(n) * kButterflyWords * 4);
+  // The host model of each warp's float sums, per lane: in the butterfly's order and in the other.
+  std::vector<float> model(n), other(n);
+  for (int base = 0; base < n; base += 32) {
+    float v[32], r[32];
+    for (int l = 0; l < 32; ++l) v[l] = r[l] = x[base + l];
+    for (int k = 0; k < 5; ++k) {
+      float nv[32], nr[32];
+      for (int l = 0; l < 32; ++l) {
+        nv[l] = v[l] + v[l ^ (16 >> k)];
+        nr[l] = r[l] + r[l ^ (1 << k)];
+      }
+      std::memcpy(v, nv, sizeof v);
+      std::memcpy(r, nr, sizeof r);
+    }
+    std::copy(v, v + 32, model.begin() + base);
+    std::copy(r, r + 32, other.begin() + base);
+  }
+  std::vector<uint32_t> got;
   for (bool rev : {false, true}) {
     emu::set_reverse(rev);
     DSV4_LAUNCH(kBlocks, kThreads, 0, nullptr, butterfly_kernel)(dx.as<const float>(), di.as<const int32_t>(),
                                                                   out.as<uint32_t>());
     ASSERT_EQ(cudaGetLastError(), cudaSuccess) << emu::last_failure();
-    const std::vector<uint32_t> got = gpu::to_host<uint32_t>(out, static_cast<size_t>(n) * kButterflyWords);
+    got = gpu::to_host<uint32_t>(out, static_cast<size_t>(n) * kButterflyWords);
     int order_sensitive = 0;
     for (int t = 0; t < n; ++t) {
       const uint32_t* o = &got[static_cast<size_t>(t) * kButterflyWords];
@@ -387,26 +406,12 @@ TEST_F(Emu, ButterflyEqualsShuffles) {
       EXPECT_EQ(o[5], o[7]) << "double sum, thread " << t;
       EXPECT_EQ(o[8], o[10]) << "argmax value, thread " << t;
       EXPECT_EQ(o[9], o[11]) << "argmax index, thread " << t;
-      // The host model of lane t's float sum, in the butterfly's order and in the other order.
-      const int base = t & ~31, lane = t & 31;
-      float v[32], r[32];
-      for (int l = 0; l < 32; ++l) v[l] = r[l] = x[base + l];
-      for (int k = 0; k < 5; ++k) {
-        float nv[32], nr[32];
-        for (int l = 0; l < 32; ++l) {
-          nv[l] = v[l] + v[l ^ (16 >> k)];
-          nr[l] = r[l] + r[l ^ (1 << k)];
-        }
-        std::memcpy(v, nv, sizeof v);
-        std::memcpy(r, nr, sizeof r);
-      }
-      EXPECT_EQ(std::bit_cast<uint32_t>(v[lane]), o[1]) << "host model, thread " << t;
-      order_sensitive += std::bit_cast<uint32_t>(r[lane]) != o[1];
+      EXPECT_EQ(std::bit_cast<uint32_t>(model[t]), o[1]) << "host model, thread " << t;
+      order_sensitive += std::bit_cast<uint32_t>(other[t]) != o[1];
     }
     EXPECT_GT(order_sensitive, n / 4);
   }
   // Argmax ties (warp 4) go to the lowest index, lanes without a candidate (warp 6) never win.
-  const std::vector<uint32_t> got = gpu::to_host<uint32_t>(out, static_cast<size_t>(n) * kButterflyWords);
   EXPECT_EQ(got[static_cast<size_t>(128 + 17) * kButterflyWords + 11], 0u);
   for (int l = 0; l < 32; ++l) EXPECT_NE(static_cast<int32_t>(got[static_cast<size_t>(192 + l) * kButterflyWords + 11]) % 3, 0);
 }

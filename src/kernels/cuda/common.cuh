@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -176,20 +177,14 @@ __device__ __forceinline__ uint32_t block_scale_byte(float amax, float limit) {
 // (two 32-bit ones for 8-byte values).
 template <class T, class F>
 __device__ __forceinline__ T warp_butterfly_shfl(T v, F combine) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "warp_butterfly: a 4- or 8-byte value");
+  using Bits = std::conditional_t<sizeof(T) == 8, unsigned long long, unsigned int>;
   for (int o = 16; o > 0; o >>= 1) {
+    Bits bits;
+    memcpy(&bits, &v, sizeof v);
+    bits = __shfl_xor_sync(kFullMask, bits, o);
     T other;
-    if constexpr (sizeof(T) == 8) {
-      unsigned long long bits;
-      memcpy(&bits, &v, 8);
-      bits = __shfl_xor_sync(kFullMask, bits, o);
-      memcpy(&other, &bits, 8);
-    } else {
-      static_assert(sizeof(T) == 4, "warp_butterfly: a 4- or 8-byte value");
-      unsigned int bits;
-      memcpy(&bits, &v, 4);
-      bits = __shfl_xor_sync(kFullMask, bits, o);
-      memcpy(&other, &bits, 4);
-    }
+    memcpy(&other, &bits, sizeof other);
     v = combine(v, other);
   }
   return v;

@@ -378,23 +378,14 @@ std::string describe_deadlock() {
   return s;
 }
 
-// A warp whose mask has fully arrived: every lane's result at once, then the lanes run again,
-// ahead of the other warps (their stacks are still in cache; a GPU's warps progress
-// independently too).
-void complete_warp(int w) {
-  Block& b = g_blk;
-  Warp& wp = b.warps[w];
+// The results of a shuffle, vote or __syncwarp whose mask has fully arrived.
+void exchange(const Block& b, int w, Warp& wp) {
   LaneOperand* op = wp.lane;
   const unsigned mask = wp.mask;
   unsigned ballot = 0;
   for (int l = 0; l < 32; ++l)
     if ((mask >> l & 1u) && op[l].value != 0) ballot |= 1u << l;
-  if (wp.op == Collective::Butterfly) {
-    uint64_t v[32];
-    for (int l = 0; l < 32; ++l) v[l] = op[l].value;
-    wp.rounds(v);
-    for (int l = 0; l < 32; ++l) op[l].result = v[l];
-  } else for (int l = 0; l < 32; ++l) {
+  for (int l = 0; l < 32; ++l) {
     if (!(mask >> l & 1u)) continue;
     LaneOperand& o = op[l];
     const int width = o.width, seg = l & ~(width - 1), arg = o.arg;
@@ -408,7 +399,7 @@ void complete_warp(int w) {
       case Collective::Ballot: o.result = ballot; continue;
       case Collective::Any: o.result = ballot != 0; continue;
       case Collective::All: o.result = ballot == mask; continue;
-      case Collective::Butterfly: continue;  // (not reached)
+      case Collective::Butterfly: continue;  // (complete_warp's)
     }
     if (src < 0 || src > 31 || !(mask >> src & 1u)) {
       const Fiber& f = b.threads[static_cast<size_t>(w) * 32 + l];
@@ -416,6 +407,23 @@ void complete_warp(int w) {
            ", which is not in the mask");
     }
     o.result = op[src].value;
+  }
+}
+
+// A warp whose mask has fully arrived: every lane's result at once, then the lanes run again,
+// ahead of the other warps (their stacks are still in cache; a GPU's warps progress
+// independently too).
+void complete_warp(int w) {
+  Block& b = g_blk;
+  Warp& wp = b.warps[w];
+  const unsigned mask = wp.mask;
+  if (wp.op == Collective::Butterfly) {  // full mask; the rounds in the shuffles' order
+    uint64_t v[32];
+    for (int l = 0; l < 32; ++l) v[l] = wp.lane[l].value;
+    wp.rounds(v);
+    for (int l = 0; l < 32; ++l) wp.lane[l].result = v[l];
+  } else {
+    exchange(b, w, wp);
   }
   // In thread order (reverse order when asked); the running lane just goes on.
   Fiber* lanes = &b.threads[static_cast<size_t>(w) * 32];
