@@ -63,7 +63,7 @@ echo "== configure ($BUILD, Release)"
 gen_args=()
 command -v ninja >/dev/null 2>&1 && [ ! -f "$BUILD/CMakeCache.txt" ] && gen_args=(-G Ninja)
 mkdir -p "$BUILD"
-if ! cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON ${gen_args[@]+"${gen_args[@]}"} \
+if ! cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_GPU_TESTS=ON ${gen_args[@]+"${gen_args[@]}"} \
   ${prefix_args[@]+"${prefix_args[@]}"} >"$BUILD/gpu-configure.log" 2>&1; then
   cat "$BUILD/gpu-configure.log" >&2
   echo "gpu-check: configure failed (missing GTest / nlohmann_json? see --pack-deps above)" >&2
