@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz) with clang + ASan + UBSan into build-fuzz/ and runs
 # each for a bounded time (DSV4_FUZZ_SECONDS, default 30) from the committed corpus, as many at
-# once as there are cores. A crash,
-# sanitizer report, leak or timeout fails the run; the input is kept in build-fuzz/artifacts/
-# and belongs in tests/fuzz/corpus/<target>/ once fixed (docs/fuzzing.md).
+# once as there are cores. A crash, sanitizer report, leak or timeout fails the run; the input is
+# kept in build-fuzz/artifacts/ and belongs in tests/fuzz/corpus/<target>/ once fixed
+# (docs/fuzzing.md).
 # Usage: scripts/fuzz.sh [target ...]   (default: checkpoint tokenizer tokenizer_json chat server_request)
 set -euo pipefail
 cd "$(dirname "$0")/.."
