@@ -66,6 +66,9 @@ struct V {
   }
   // Pins v in a register: the compiler can no longer re-read it from memory at each use.
   TGTI static void keep(reg& v) { asm("" : "+x"(v)); }
+  // Not with 16 registers: pinning x (see the AVX-512 V) ran the AVX2 FP8 tiles at T = 2 and 4
+  // ~5% slower (docs/perf.md session 20).
+  static constexpr bool kPinX = false;
   // The canonical reduction tree: lanes l + l+4, then l + l+2, l + l+1.
   TGTI static float hsum(reg v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -66,6 +66,12 @@ struct V {
   }
   // Pins v in a register: the compiler can no longer re-read it from memory at each use.
   TGTI static void keep(reg& v) { asm("" : "+v"(v)); }
+  // The fused tiles with tokens >= rows (qmatmul_kernels.inc) pin each loaded x vector: left
+  // alone, g++ 12 folds the load into every row's FMA (the FP8 3 x 8 tile read each x vector
+  // three times: 192 loads per group instead of 64). Pinned, `qmatmul_bench --only gemv
+  // --format FP8Block` T = 8 ran +13% (L2, one thread, 6 alternating pairs 1.129-1.138) and
+  // T = 16 +15% on an Intel Xeon (docs/perf.md session 20).
+  static constexpr bool kPinX = true;
   // The canonical reduction tree (part of the summation order: every path calls this):
   // lanes l + l+8, then l + l+4, l + l+2, l + l+1.
   TGTI static float hsum(reg v) {
