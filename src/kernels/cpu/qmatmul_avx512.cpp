@@ -394,19 +394,22 @@ struct Shape {
 // T = 3, 6 rows x 4 tokens for BF16 (the head; over 4 x 4: T = 4 +6-9%, T = 6-8 +5-20%; FP8 -2%).
 template <class D>
 constexpr bool kFp4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
-// FP8 from T = 5: 3 rows x 8 tokens (24 accumulators), each weight vector decoded once for 8
-// tokens where 4 x 4 decoded it twice at T = 8 (Intel Xeon, `qmatmul_bench --only gemv --shape
-// 4096x4096`, alternating pairs: T = 8 +15-41% (median +27%), T = 16 +14-26%, T = 5 median +38%;
-// MXFP4 was mixed at 3 x 8, 0.75-1.16, and keeps 4 x 4; on AMD Zen 4, session 9, 3 x 8 was no
-// better than 4 x 4 for any format). T = 3-4 keep 4 x 4 (more rows per x load).
-template <class D>
-constexpr bool kFp8 = std::is_same_v<D, DecFP8> || std::is_same_v<D, DecFP8H>;
+// From T = 5, every format: 3 rows x 8 tokens (24 accumulators), each weight vector decoded once
+// for 8 tokens where 4 x 4 decoded it twice at T = 8. FP8 first (session 16, Intel Xeon,
+// `qmatmul_bench --only gemv --shape 4096x4096`, alternating pairs: T = 8 median +27%, T = 16
+// +14-26%, T = 5 +38%); the others once x was pinned in a register (V::kPinX; before, g++ loaded
+// each x vector once per row and 3 x 8 was mixed for MXFP4 and BF16). Session 20, same Xeon kind,
+// against 4 x 4 (6 x 4 for BF16), alternating pairs, one thread with the weights in L2 unless
+// said: MXFP4 T = 5 +20%, T = 8 +11%, T = 16 +12%, from DRAM on two threads T = 8 +3.5%
+// (noisy); NVFP4 T = 8 +17%; BF16 T = 6 +7%, T = 8 level in L2 and +8% (all 8 pairs 1.04-1.27)
+// for the head's shape from DRAM; F16 +15%, F32 +4%. On AMD Zen 4 (session 9, x not pinned)
+// 3 x 8 was no better than 4 x 4. T = 3-4 keep 4 x 4 (more rows per x load).
 template <class D>
 struct FusedShapes {
   using S1 = Shape<8, 1>;
   using S2 = Shape<kFp4<D> ? 4 : 8, 2>;
   using S4 = Shape<std::is_same_v<D, DecBF16> ? 6 : 4, 4>;
-  using SN = std::conditional_t<kFp8<D>, Shape<3, 8>, S4>;
+  using SN = Shape<3, 8>;
 };
 
 // GEMM path: register tile of 2 x 16 rows x 12 tokens (24 accumulators, 2 weight vectors and a
