@@ -391,7 +391,8 @@ struct Shape {
 };
 // With the prefetch into L2 (session 10, alternating pairs): at T = 2, 8 rows for every format
 // but FP4, 4 for FP4 (8 x 2 over 4 x 2: BF16 +8-27%, FP8 +6-7%, MXFP4 -4% to +3%); from
-// T = 3, 6 rows x 4 tokens for BF16 (the head; over 4 x 4: T = 4 +6-9%, T = 6-8 +5-20%; FP8 -2%).
+// T = 3, 6 rows x 4 tokens for BF16 (the head; over 4 x 4: T = 4 +6-9%, T = 6-8 +5-20%; FP8 -2%;
+// from T = 5 it now takes 3 x 8, below).
 template <class D>
 constexpr bool kFp4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
 // From T = 5, every format: 3 rows x 8 tokens (24 accumulators), each weight vector decoded once
