@@ -74,12 +74,13 @@ struct AlignedBytes {
     // 2 MiB-aligned and advised into huge pages, as the engine reads weights (safetensors.cpp):
     // with 4 KiB pages every row of a large matrix costs a TLB miss the engine does not pay.
     constexpr size_t kHuge = size_t{2} << 20;
-    p = static_cast<uint8_t*>(std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge));
+    const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+    p = static_cast<uint8_t*>(std::aligned_alloc(kHuge, rounded));
     if (p == nullptr) {
       std::fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
       std::exit(1);
     }
-    ::madvise(p, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);  // advice only
+    ::madvise(p, rounded, MADV_HUGEPAGE);  // advice only
   }
   ~AlignedBytes() { std::free(p); }
   AlignedBytes(const AlignedBytes&) = delete;
