@@ -130,8 +130,8 @@ struct DecBF16 : DecBase {
     return k == 0 ? _mm512_castsi512_ps(_mm512_slli_epi32(st.v, 16))
                   : _mm512_castsi512_ps(_mm512_and_si512(st.v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
   }
-  // The same vector from memory, for the tiles with tokens >= rows (kVecMem in
-  // qmatmul_kernels.inc): there the 3 x 8 tile's 24 accumulators, 3 weight vectors, x and the mask
+  // The same vector from memory, for the tiles of 24 accumulators (kVecMem in
+  // qmatmul_kernels.inc): there the 3 x 8 tile's accumulators, 3 weight vectors, x and the mask
   // leave no register for each row's raw group, and g++ kept two accumulators on the stack. Each
   // vector re-reads its 64 bytes from L1 instead (the load folds into the shift or the and; the
   // empty asm keeps g++ from merging the two loads back into one register).
