@@ -21,26 +21,56 @@ namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// Sums the bytes as floats with 4 independent vector accumulators so the loop is load-bound.
-__attribute__((target("avx512f"))) float read_avx512(const float* p, size_t n) {
+// The read probe takes the faster of two access patterns: one sequential stream per thread, and
+// kReadStreams streams per thread (equal parts of the thread's block, 256 bytes from each in
+// turn). The GEMV kernels read 3-8 rows at once, each in its own page, and on the session-22
+// Xeon that ran 13-45% faster than a single stream (alternating runs: the BF16 head's GEMV at
+// 30-36 GB/s against a one-stream probe of 24-32), so one stream alone was no limit; 16 streams
+// read at 32-35 GB/s in the same minutes (docs/perf.md "Session 22").
+constexpr int kReadStreams = 16;
+
+// Both sum the floats with 4 independent vector accumulators so the loop is load-bound; n is a
+// multiple of 64. The streamed one reads whatever the streams leave over at the end.
+__attribute__((target("avx512f"))) float read_avx512(const float* p, size_t n, bool streams) {
   __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
-  for (size_t i = 0; i + 64 <= n; i += 64) {
-    a = _mm512_add_ps(a, _mm512_load_ps(p + i));
-    b = _mm512_add_ps(b, _mm512_load_ps(p + i + 16));
-    c = _mm512_add_ps(c, _mm512_load_ps(p + i + 32));
-    d = _mm512_add_ps(d, _mm512_load_ps(p + i + 48));
+  auto line4 = [&](const float* q) __attribute__((target("avx512f"))) {
+    a = _mm512_add_ps(a, _mm512_load_ps(q));
+    b = _mm512_add_ps(b, _mm512_load_ps(q + 16));
+    c = _mm512_add_ps(c, _mm512_load_ps(q + 32));
+    d = _mm512_add_ps(d, _mm512_load_ps(q + 48));
+  };
+  size_t done = 0;
+  if (streams) {
+    const size_t per = n / kReadStreams / 64 * 64;
+    for (size_t i = 0; i < per; i += 64)
+#pragma GCC unroll 16
+      for (int k = 0; k < kReadStreams; ++k) line4(p + k * per + i);
+    done = per * kReadStreams;
   }
+  for (size_t i = done; i + 64 <= n; i += 64) line4(p + i);
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
 }
 
-__attribute__((target("avx2"))) float read_avx2(const float* p, size_t n) {
+__attribute__((target("avx2"))) float read_avx2(const float* p, size_t n, bool streams) {
   __m256 a = _mm256_setzero_ps(), b = a, c = a, d = a;
-  for (size_t i = 0; i + 32 <= n; i += 32) {
-    a = _mm256_add_ps(a, _mm256_load_ps(p + i));
-    b = _mm256_add_ps(b, _mm256_load_ps(p + i + 8));
-    c = _mm256_add_ps(c, _mm256_load_ps(p + i + 16));
-    d = _mm256_add_ps(d, _mm256_load_ps(p + i + 24));
+  auto line2 = [&](const float* q) __attribute__((target("avx2"))) {
+    a = _mm256_add_ps(a, _mm256_load_ps(q));
+    b = _mm256_add_ps(b, _mm256_load_ps(q + 8));
+    c = _mm256_add_ps(c, _mm256_load_ps(q + 16));
+    d = _mm256_add_ps(d, _mm256_load_ps(q + 24));
+  };
+  size_t done = 0;
+  if (streams) {
+    const size_t per = n / kReadStreams / 64 * 64;
+    for (size_t i = 0; i < per; i += 64)
+#pragma GCC unroll 16
+      for (int k = 0; k < kReadStreams; ++k) {
+        line2(p + k * per + i);
+        line2(p + k * per + i + 32);
+      }
+    done = per * kReadStreams;
   }
+  for (size_t i = done; i + 32 <= n; i += 32) line2(p + i);
   float out[8];
   _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d)));
   float s = 0;
@@ -55,9 +85,9 @@ float read_scalar(const float* p, size_t n) {
   return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
 }
 
-float read_block(Isa isa, const float* p, size_t n) {
-  if (isa == Isa::AVX512) return read_avx512(p, n);
-  if (isa == Isa::AVX2) return read_avx2(p, n);
+float read_block(Isa isa, const float* p, size_t n, bool streams) {
+  if (isa == Isa::AVX512) return read_avx512(p, n, streams);
+  if (isa == Isa::AVX2) return read_avx2(p, n, streams);
   return read_scalar(p, n);
 }
 
@@ -108,18 +138,20 @@ double measure_read_bandwidth(size_t bytes, int reps) {
   });
   const Isa isa = active_isa();
   double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    std::vector<float> part(static_cast<size_t>(pool.size()), 0.0f);
-    double t0 = now();
-    pool.parallel_for(static_cast<int64_t>(n / 64), [&](int64_t b, int64_t e) {
-      g_sink = read_block(isa, buf + b * 64, static_cast<size_t>(e - b) * 64);
-    });
-    double dt = now() - t0;
-    best = std::max(best, static_cast<double>(n / 64 * 64 * sizeof(float)) / dt / 1e9);
-  }
+  for (int r = 0; r < reps; ++r)
+    for (bool streams : {false, true}) {
+      double t0 = now();
+      pool.parallel_for(static_cast<int64_t>(n / 64), [&](int64_t b, int64_t e) {
+        g_sink = read_block(isa, buf + b * 64, static_cast<size_t>(e - b) * 64, streams);
+      });
+      double dt = now() - t0;
+      best = std::max(best, static_cast<double>(n / 64 * 64 * sizeof(float)) / dt / 1e9);
+    }
   std::free(buf);
   return best;
 }
+
+float probe_read_sum(const float* p, size_t n, bool streams) { return read_block(active_isa(), p, n, streams); }
 
 double measure_peak_gflops(int reps) {
   ThreadPool& pool = thread_pool();
