@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
-#include <vector>
 
 #include <sys/mman.h>
 
@@ -88,6 +87,7 @@ float read_scalar(const float* p, size_t n) {
   return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
 }
 
+// Scalar (no SIMD): one stream either way.
 float read_block(Isa isa, const float* p, size_t n, bool streams) {
   if (isa == Isa::AVX512) return read_avx512(p, n, streams);
   if (isa == Isa::AVX2) return read_avx2(p, n, streams);
