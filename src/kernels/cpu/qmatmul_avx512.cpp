@@ -307,8 +307,11 @@ struct DecMX : DecBase {
   }
   // The ratio fields 127 + prev - cur are computed on bytes, 64 blocks at a time: they wrap when
   // |prev - cur| > 126, but then the tile's byte range fails deferral_exact and the tile is
-  // prepared again the canonical way.
-  TGT void prep_deferred(int64_t r, int64_t ng, float* sb, ByteRange& br) const {
+  // prepared again the canonical way. Inlined into fused_rowtile (which carries the target for
+  // that): the byte range stays in registers across the tile's rows and the calls go. The work
+  // outside the tile fell from 15-17% to 10-11% of an MXFP4 T = 1-2 GEMV's `perf` samples
+  // (docs/perf.md "Session 22").
+  TGTI void prep_deferred(int64_t r, int64_t ng, float* sb, ByteRange& br) const {
     const uint8_t* s = scales + r * scale_cols;
     const int64_t total = 4 * ng;
     if (total == 0) {  // no columns: the accumulators stay zero, any multiplier will do
