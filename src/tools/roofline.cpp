@@ -31,48 +31,44 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 // read at 32-35 GB/s in the same minutes (docs/perf.md "Session 22").
 constexpr int kReadStreams = 16;
 
-// Both sum the floats with 4 independent vector accumulators so the loop is load-bound; n is a
-// multiple of 64. The streamed one reads whatever the streams leave over at the end.
-__attribute__((target("avx512f"))) float read_avx512(const float* p, size_t n, bool streams) {
-  __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
-  auto line4 = [&](const float* q) __attribute__((target("avx512f"))) {
-    a = _mm512_add_ps(a, _mm512_load_ps(q));
-    b = _mm512_add_ps(b, _mm512_load_ps(q + 16));
-    c = _mm512_add_ps(c, _mm512_load_ps(q + 32));
-    d = _mm512_add_ps(d, _mm512_load_ps(q + 48));
-  };
+// Calls chunk(q) for every 64 floats of p[0..n) (n a multiple of 64): in order, or with streams
+// in the interleaved order above, then whatever the streams leave over in order. Inlined into
+// each ISA's reader so that chunk, which carries that ISA's target, inlines too.
+template <class Chunk>
+__attribute__((always_inline)) inline void walk(const float* p, size_t n, bool streams, Chunk&& chunk) {
   size_t done = 0;
   if (streams) {
     const size_t per = n / kReadStreams / 64 * 64;
     for (size_t i = 0; i < per; i += 64)
 #pragma GCC unroll 16
-      for (int k = 0; k < kReadStreams; ++k) line4(p + k * per + i);
+      for (int k = 0; k < kReadStreams; ++k) chunk(p + k * per + i);
     done = per * kReadStreams;
   }
-  for (size_t i = done; i + 64 <= n; i += 64) line4(p + i);
+  for (size_t i = done; i < n; i += 64) chunk(p + i);
+}
+
+// Both sum the floats with 4 independent vector accumulators so the loop is load-bound.
+__attribute__((target("avx512f"))) float read_avx512(const float* p, size_t n, bool streams) {
+  __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
+  walk(p, n, streams, [&](const float* q) __attribute__((target("avx512f"))) {
+    a = _mm512_add_ps(a, _mm512_load_ps(q));
+    b = _mm512_add_ps(b, _mm512_load_ps(q + 16));
+    c = _mm512_add_ps(c, _mm512_load_ps(q + 32));
+    d = _mm512_add_ps(d, _mm512_load_ps(q + 48));
+  });
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
 }
 
 __attribute__((target("avx2"))) float read_avx2(const float* p, size_t n, bool streams) {
   __m256 a = _mm256_setzero_ps(), b = a, c = a, d = a;
-  auto line2 = [&](const float* q) __attribute__((target("avx2"))) {
-    a = _mm256_add_ps(a, _mm256_load_ps(q));
-    b = _mm256_add_ps(b, _mm256_load_ps(q + 8));
-    c = _mm256_add_ps(c, _mm256_load_ps(q + 16));
-    d = _mm256_add_ps(d, _mm256_load_ps(q + 24));
-  };
-  size_t done = 0;
-  if (streams) {
-    const size_t per = n / kReadStreams / 64 * 64;
-    for (size_t i = 0; i < per; i += 64)
-#pragma GCC unroll 16
-      for (int k = 0; k < kReadStreams; ++k) {
-        line2(p + k * per + i);
-        line2(p + k * per + i + 32);
-      }
-    done = per * kReadStreams;
-  }
-  for (size_t i = done; i + 32 <= n; i += 32) line2(p + i);
+  walk(p, n, streams, [&](const float* q) __attribute__((target("avx2"))) {
+    for (int h = 0; h < 64; h += 32) {
+      a = _mm256_add_ps(a, _mm256_load_ps(q + h));
+      b = _mm256_add_ps(b, _mm256_load_ps(q + h + 8));
+      c = _mm256_add_ps(c, _mm256_load_ps(q + h + 16));
+      d = _mm256_add_ps(d, _mm256_load_ps(q + h + 24));
+    }
+  });
   float out[8];
   _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d)));
   float s = 0;
