@@ -10,7 +10,8 @@
 // GEMV and GEMM tables to the named formats (F32, BF16, F16, FP8Block, MXFP4, NVFP4; any case);
 // --no-probe skips the machine probes (the GEMV's "of bw" column then shows "-").
 // --tokens T runs the GEMV table with T tokens per call (a batched decode step's matmuls: each
-// weight byte still read once per call from beyond the LLC) and adds its GFLOP/s.
+// weight byte still read once per call from beyond the LLC) and adds its GFLOP/s; given with
+// --only gemm, the GEMM table's T (default 512; a 512-token prefill's routed experts see ~96).
 // --fp8-subnormal-stride N keeps the FP8 weights' E4M3 subnormal codes at one byte in N (default
 // 512: about one code in 8000, like quantised weights; 1: random bytes', one in 16), to see the
 // FP8 decode routes on subnormal-rich weights (qmatmul.h, Fp8Decode).
@@ -195,6 +196,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   int reps = 5, threads = 0;
   int64_t gemv_tokens = 1;
+  bool tokens_given = false;
   double gib = 1.0;
   std::string isa_arg, only, formats_arg;
   bool probe = true;
@@ -217,6 +219,7 @@ int main(int argc, char** argv) {
       formats_arg = argv[++i];
     } else if (a == "--tokens" && i + 1 < argc) {
       gemv_tokens = std::atoll(argv[++i]);
+      tokens_given = true;
       if (gemv_tokens < 1 || gemv_tokens > 512) {
         std::fprintf(stderr, "--tokens wants 1..512\n");
         return 2;
@@ -362,9 +365,9 @@ int main(int argc, char** argv) {
   std::printf("(default fused_max_tokens = %d)\n", qmatmul_fused_max_tokens());
   }
 
-  // GEMM T=512.
+  // GEMM T=512 (or --tokens with --only gemm).
   if (!run_section("gemm")) return 0;
-  const int64_t T = 512;
+  const int64_t T = only == "gemm" && tokens_given ? gemv_tokens : 512;
   std::printf("\nGEMM T=%lld, %lld x %lld, GFLOP/s (peak FMA %.1f)\n", static_cast<long long>(T),
               static_cast<long long>(rows), static_cast<long long>(cols), peak);
   std::printf("%-9s %10s %10s %7s\n", "format", "best", "worst", "of peak");
