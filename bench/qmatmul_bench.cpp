@@ -5,7 +5,7 @@
 //
 // Usage: qmatmul_bench [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N]
 //                      [--only bw|gemv|sweep|gemm] [--shape ROWSxCOLS] [--format F[,F...]] [--no-probe]
-//                      [--tokens T] [--fp8-subnormal-stride N]
+//                      [--tokens T] [--fp8-subnormal-stride N] [--shuffle]
 // --only bw measures the streaming read bandwidth on all threads and stops; --format limits the
 // GEMV and GEMM tables to the named formats (F32, BF16, F16, FP8Block, MXFP4, NVFP4; any case);
 // --no-probe skips the machine probes (the GEMV's "of bw" column then shows "-").
@@ -15,6 +15,8 @@
 // --fp8-subnormal-stride N keeps the FP8 weights' E4M3 subnormal codes at one byte in N (default
 // 512: about one code in 8000, like quantised weights; 1: random bytes', one in 16), to see the
 // FP8 decode routes on subnormal-rich weights (qmatmul.h, Fp8Decode).
+// --shuffle calls the GEMV table's matrices in a fixed random order instead of the order they
+// lie in memory (a decode step's routed experts: each call starts its streams somewhere new).
 // scripts/ggml-compare.sh runs it as `--only gemv --shape RxC --format F --no-probe` and `--only bw`.
 // GCC 12's intrinsic headers build _mm*_undefined_*() from self-initialised locals, which
 // trips -Wuninitialized once inlined (GCC PR 105593); silence it for the header only.
@@ -199,7 +201,7 @@ int main(int argc, char** argv) {
   bool tokens_given = false;
   double gib = 1.0;
   std::string isa_arg, only, formats_arg;
-  bool probe = true;
+  bool probe = true, shuffle = false;
   long long shape_rows = 4096, shape_cols = 7168;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -226,6 +228,8 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--no-probe") {
       probe = false;
+    } else if (a == "--shuffle") {
+      shuffle = true;
     } else if (a == "--fp8-subnormal-stride" && i + 1 < argc) {
       const long long n = std::atoll(argv[++i]);
       if (n < 1) {
@@ -241,7 +245,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--gib G] [--isa scalar|avx2|avx512] [--threads N] "
                    "[--only bw|gemv|sweep|gemm] [--shape ROWSxCOLS] [--format F[,F...]] [--no-probe] [--tokens T] "
-                   "[--fp8-subnormal-stride N]\n",
+                   "[--fp8-subnormal-stride N] [--shuffle]\n",
                    argv[0]);
       return 2;
     }
@@ -325,8 +329,18 @@ int main(int argc, char** argv) {
     const size_t per = WeightSet::payload(f, rows, cols);
     const int count = std::max(1, static_cast<int>(gib * (1u << 30) / static_cast<double>(per)));
     WeightSet set(f, rows, cols, count);
+    // --shuffle: a fixed random order, so consecutive calls read unrelated addresses.
+    std::vector<size_t> order(set.ws.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if (shuffle) {
+      uint64_t st = 0x2545F4914F6CDD1Dull;
+      for (size_t i = order.size(); i > 1; --i) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        std::swap(order[i - 1], order[(st >> 33) % i]);
+      }
+    }
     auto pass = [&] {
-      for (const QWeight& w : set.ws) qmatmul(w, 0, rows, x.data(), cols, T1, y.data(), rows);
+      for (size_t i : order) qmatmul(set.ws[i], 0, rows, x.data(), cols, T1, y.data(), rows);
     };
     pass();
     const Stats s = rate(reps, static_cast<double>(set.bytes) / 1e9, pass);

@@ -188,7 +188,7 @@ TGT XStats x_range_stats(const float* px, int64_t T, int64_t ldx, int64_t n) {
 // vpmovsxbd decode at the same tile, T >= 2 level (docs/perf.md session 14).
 template <bool Wide>
 struct DecFP8T : DecBase {
-  static constexpr int G = 128, NSUB = 8, NV = 2, GB = 128, kSPG = 1;
+  static constexpr int G = 128, NSUB = 8, NV = 2, GB = 128, kSPG = 1, kSplit = 2;
   static constexpr bool kScaled = true, kPost = false, kRowScales = false;
   static constexpr uint32_t kBias = Wide ? 8 : 120;  // the scale's exponent field is b + kBias
   struct St {
@@ -345,7 +345,7 @@ struct CvtE4M3 {  // e4m3 value * 2^-8, exactly
 // MXFP4 (see mx_pos): the table holds e2m1 / 2 and the scale is 2^(b-126), as in
 // qmatmul_avx512.cpp.
 struct DecMX : DecBase, Fp4Bytes<2> {
-  static constexpr int G = 64, NSUB = 2, NV = 4, GB = 32, kSPG = 2;
+  static constexpr int G = 64, NSUB = 2, NV = 4, GB = 32, kSPG = 2, kSplit = 2;
   static constexpr bool kScaled = true, kPost = false, kRowScales = true;
   explicit DecMX(const QWeight& w) : DecBase(w, w.cols / 2, 32) {}
   TGT void prep(int64_t r, int64_t g0, int64_t g1, float* sb) const {
@@ -417,7 +417,7 @@ struct DecMX : DecBase, Fp4Bytes<2> {
 // vector k is [s(2u) x4, s(2u+2) x4] of the group's 4 blocks, prepared once per row as two vectors
 // per group (scale_k). Not deferred: E4M3 scales are not powers of two.
 struct DecNV : DecBase, Fp4Bytes<1> {
-  static constexpr int G = 64, NSUB = 2, NV = 4, GB = 32, kSPG = 16;
+  static constexpr int G = 64, NSUB = 2, NV = 4, GB = 32, kSPG = 16, kSplit = 2;
   static constexpr bool kScaled = true, kPost = true, kRowScales = true;
   explicit DecNV(const QWeight& w) : DecBase(w, w.cols / 2, 16) { post = w.scale2 * 256.0f; }
   // sb: per group, vector 0 = blocks (0, 2), vector 1 = blocks (1, 3), each repeated over 4 lanes.
@@ -452,7 +452,7 @@ struct Shape {
 template <class D>
 struct FusedShapes {
   using S1 = Shape<std::is_same_v<D, DecNV> ? 2
-                   : (std::is_same_v<D, DecMX> || std::is_same_v<D, DecFP8> || std::is_same_v<D, DecFP8H>) ? 4
+                   : std::is_same_v<D, DecMX> ? 3 : (std::is_same_v<D, DecFP8> || std::is_same_v<D, DecFP8H>) ? 4
                                                                                                           : 8,
                    1>;
   using S2 = Shape<2, 2>;
