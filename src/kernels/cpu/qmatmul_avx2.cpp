@@ -185,7 +185,8 @@ TGT XStats x_range_stats(const float* px, int64_t T, int64_t ldx, int64_t n) {
 // above (the even bytes are moved into the high byte first), and the high word is masked in place,
 // the low one shifted up by 16: 9 integer operations per 32 weights instead of 12 with
 // vpmovsxbd, none of them a shuffle. On AMD Zen 3 (AVX2 only) GEMV T = 1 from DRAM +11% over the
-// vpmovsxbd decode at the same tile, T >= 2 level (docs/perf.md session 14).
+// vpmovsxbd decode at the same tile, T >= 2 level (docs/perf.md session 14). Two accumulator
+// chains per lane (kSplit, as the FP4 decoders): T = 1 +7%, T = 2 +17% (session 25).
 template <bool Wide>
 struct DecFP8T : DecBase {
   static constexpr int G = 128, NSUB = 8, NV = 2, GB = 128, kSPG = 1, kSplit = 2;
@@ -265,7 +266,10 @@ struct DecFP8H : DecFP8F16 {
 // bf16 pattern (every e2m1 value, sign included, is exact in bf16), interleaved into words, and
 // each dword's two words put in the top half of a float lane by a shift or a mask, as for BF16
 // weights: no sign to move by hand. Two sub-steps (low nibbles, then high) keep two word vectors
-// per row live, so an MXFP4 tile holds 4 rows (4 FMA chains at T = 1) without spilling. It
+// per row live. MXFP4 and NVFP4 keep two accumulator chains per lane (kSplit = 2, see
+// qmatmul_kernels.inc): with one, a tile's few rows were a few chains of 8 dependent FMAs per
+// group, and the GEMV waited on their latency (Zen 4, one thread, best of 30 passes, alternating:
+// MXFP4 T = 1 +7-13%, T = 2 +45%; NVFP4 T = 1 +29%, T = 2 -7%; docs/perf.md session 25). It
 // replaced a vpermps lookup (8 entries: the sign moved by hand, 5 operations per 8 weights): with
 // the deferred scales below, the MXFP4 GEMV at T = 1 ran +20-30% on AMD Zen 4 in AVX2 mode
 // (docs/perf.md session 13) and +71% on Zen 3 (session 14). NVFP4 takes per-vector scales
@@ -441,23 +445,23 @@ struct DecNV : DecBase, Fp4Bytes<1> {
 
 // Fused path shapes (16 registers): rows R and token tile TTM for T = 1, 2, 3-4, more. T=1 takes
 // 8 rows (8 weight streams in flight; Zen 4 in AVX2 mode, alternating pairs against 4 rows: the
-// BF16 head from DRAM +28%, docs/perf.md session 13), FP8 and MXFP4 4 (their decodes hold a
-// vector per row across a sub-step: 8 rows spill; FP8 on Zen 3, 4 rows against 8: +8% with the
-// old decoder, +18% with this one, session 14) and NVFP4 2 (more registers per row, else it
-// spills).
+// BF16 head from DRAM +28%, docs/perf.md session 13), FP8 4 (its decode holds a vector per row
+// across a sub-step: 8 rows spill; on Zen 3, 4 rows against 8: +18%, session 14), MXFP4 3 and
+// NVFP4 2: with two chains per row (kSplit) 6 and 4 accumulators, more spill (session 25).
+// FP8 and MXFP4 take T >= 3 in 2 x 2 tiles (8 accumulators), not 1 x 4: on Zen 4, one thread,
+// FP8 +32-43%, MXFP4 level at T = 4 and +11% at T = 8 (session 25); NVFP4 level either way.
 template <int R_, int TTM_>
 struct Shape {
   static constexpr int R = R_, TTM = TTM_;
 };
 template <class D>
 struct FusedShapes {
-  using S1 = Shape<std::is_same_v<D, DecNV> ? 2
-                   : std::is_same_v<D, DecMX> ? 3 : (std::is_same_v<D, DecFP8> || std::is_same_v<D, DecFP8H>) ? 4
-                                                                                                          : 8,
-                   1>;
+  static constexpr bool kMX = std::is_same_v<D, DecMX>, kNV = std::is_same_v<D, DecNV>;
+  static constexpr bool kFP8 = std::is_same_v<D, DecFP8> || std::is_same_v<D, DecFP8H>;
+  using S1 = Shape<kNV ? 2 : kMX ? 3 : kFP8 ? 4 : 8, 1>;
   using S2 = Shape<2, 2>;
-  using S4 = Shape<1, 4>;
-  using SN = Shape<1, 4>;
+  using S4 = Shape<kMX || kFP8 ? 2 : 1, kMX || kFP8 ? 2 : 4>;
+  using SN = S4;
 };
 
 // GEMM path: register tile of 2 x 8 rows x 6 tokens (12 accumulators, 2 weight vectors and a
