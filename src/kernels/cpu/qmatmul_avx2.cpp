@@ -69,6 +69,11 @@ struct V {
   // Not with 16 registers: pinning x (see the AVX-512 V) ran the AVX2 FP8 tiles at T = 2 and 4
   // ~5% slower (docs/perf.md session 20).
   static constexpr bool kPinX = false;
+  // Fused-path prefetch distance: a row's length, between 1 and 2 KiB (kernels.inc kPrefetch).
+  // The AVX2 tiles hold 2-4 rows at T = 1 (AVX-512: 8), so fewer bytes were in flight; on
+  // AMD Zen 4 in AVX2 mode, two threads from DRAM, 2048 against 1024: FP8 4096x4096 +12%, MXFP4
+  // 2048x4096 +7%; past a row's length (MXFP4 4096x2048) 0.83 (docs/perf.md session 25).
+  static constexpr int64_t kPrefetchMax = 2048;
   // The canonical reduction tree: lanes l + l+4, then l + l+2, l + l+1.
   TGTI static float hsum(reg v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
