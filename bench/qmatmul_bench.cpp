@@ -358,11 +358,13 @@ int main(int argc, char** argv) {
   if (run_section("sweep")) {
   std::printf("\nT sweep (GFLOP/s), fused path vs GEMM path, one %lld x %lld matrix\n", static_cast<long long>(rows),
               static_cast<long long>(cols));
-  for (WFormat f : {WFormat::FP8Block, WFormat::MXFP4, WFormat::BF16}) {
+  for (WFormat f : {WFormat::FP8Block, WFormat::MXFP4, WFormat::NVFP4, WFormat::BF16}) {
     WeightSet set(f, rows, cols, 1);
     std::printf("%-9s", wformat_name(f));
     for (int64_t T : Ts) std::printf(" %7lld", static_cast<long long>(T));
     std::printf("\n");
+    set_qmatmul_fused_max_tokens(-1);
+    const int crossover = qmatmul_fused_max_tokens(f);
     for (int path : {1 << 20, 0}) {
       set_qmatmul_fused_max_tokens(path);
       std::printf("  %-6s ", path ? "fused" : "gemm");
@@ -374,9 +376,9 @@ int main(int argc, char** argv) {
       }
       std::printf("\n");
     }
+    std::printf("  (default: fused up to T = %d)\n", crossover);
   }
   set_qmatmul_fused_max_tokens(-1);
-  std::printf("(default fused_max_tokens = %d)\n", qmatmul_fused_max_tokens());
   }
 
   // GEMM T=512 (or --tokens with --only gemm).

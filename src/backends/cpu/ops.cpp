@@ -90,7 +90,7 @@ void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ld
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Small T (the fused GEMV path) and large T (the GEMM path) apart: the same matrix runs at
   // very different rates on the two.
-  const int fused = qmatmul_fused_max_tokens();
+  const int fused = qmatmul_fused_max_tokens(w.fmt);
   const std::string what = std::string(wformat_name(w.fmt)) + " " + std::to_string(r1 - r0) + "x" + std::to_string(w.cols) +
                            (T <= fused ? " T<=" : " T>") + std::to_string(fused);
   std::lock_guard<std::mutex> lock(g_profile_mu);

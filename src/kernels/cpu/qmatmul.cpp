@@ -106,10 +106,21 @@ void run_scalar(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_
   });
 }
 
-// Default fused/GEMM crossover in T, per ISA (measured with qmatmul_bench's T sweep: the fused
-// kernel's rate is flat from T~8 while the GEMM path keeps rising; AVX2 crosses earlier).
+// Default fused/GEMM crossover in T, per ISA and format (measured with qmatmul_bench's T sweep:
+// the fused kernel's rate is flat from T~8 while the GEMM path keeps rising). AVX2 crosses
+// earlier, except where its fused tiles hold two chains per lane in 2 x 2 tiles (session 25, Zen
+// 4, two threads, 3 sweeps: FP8 fused 102-139 against GEMM 62-65 GFLOP/s at T = 12 and 105-106
+// against 76-94 at T = 24; MXFP4 59-103 against 48-65 at T = 12, 58-102 against 51-70 at T = 16;
+// NVFP4 46-74 against 48-53 at T = 12; BF16's GEMM ahead from T = 12: 65-67 against 71-83).
 constexpr int kDefaultFusedMaxT512 = 24;
-constexpr int kDefaultFusedMaxT256 = 8;
+constexpr int fused_max_avx2(WFormat f) {
+  switch (f) {
+    case WFormat::FP8Block: return 24;
+    case WFormat::MXFP4: return 16;
+    case WFormat::NVFP4: return 12;
+    default: return 8;
+  }
+}
 constexpr int kAuto = -1;
 constexpr int64_t kSwapMaxRows = 24;  // F32 weights this small swap operands at large T (qmatmul)
 std::atomic<int> g_override{-1};
@@ -254,15 +265,15 @@ void set_qmatmul_fused_max_tokens(int t) {
 
 namespace qmm {
 namespace {
-int fused_max_for(Isa isa) {
+int fused_max_for(Isa isa, WFormat f) {
   const int t = g_fused_max.load(std::memory_order_relaxed);
   if (t != kAuto) return t;
-  return isa == Isa::AVX2 ? kDefaultFusedMaxT256 : kDefaultFusedMaxT512;
+  return isa == Isa::AVX2 ? fused_max_avx2(f) : kDefaultFusedMaxT512;
 }
 }  // namespace
 }  // namespace qmm
 
-int qmatmul_fused_max_tokens() { return qmm::fused_max_for(active_isa()); }
+int qmatmul_fused_max_tokens(WFormat f) { return qmm::fused_max_for(active_isa(), f); }
 
 void qmatmul_release_scratch() { qmm::release_scratch(); }
 
@@ -289,7 +300,7 @@ void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t l
   // output is the same canonical dot -- F32 decodes both operands alike and fma(a, b, c) ==
   // fma(b, a, c) -- and x streams once.
   const int64_t nr = r1 - r0;
-  if (w.fmt == WFormat::F32 && ldx == w.cols && nr <= qmm::kSwapMaxRows && T > nr && T > qmm::fused_max_for(isa)) {
+  if (w.fmt == WFormat::F32 && ldx == w.cols && nr <= qmm::kSwapMaxRows && T > nr && T > qmm::fused_max_for(isa, w.fmt)) {
     QWeight xw;
     xw.fmt = WFormat::F32;
     xw.rows = T;
@@ -304,8 +315,8 @@ void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t l
     return;
   }
   switch (isa) {
-    case Isa::AVX512: return qmm::run_avx512(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa));
-    case Isa::AVX2: return qmm::run_avx2(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa));
+    case Isa::AVX512: return qmm::run_avx512(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa, w.fmt));
+    case Isa::AVX2: return qmm::run_avx2(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa, w.fmt));
     case Isa::Scalar: return qmm::run_scalar(w, r0, r1, x, ldx, T, y, ldy);
   }
 }

@@ -5,7 +5,7 @@
 //   y[t*ldy + (r - r0)] = sum_c W[r, c] * x[t*ldx + c]   for r in [r0, r1), t < T,
 // rows split over the persistent pool. Weights are decoded in registers from their stored bytes
 // (F32, BF16, F16, FP8Block, MXFP4, NVFP4); each weight byte is read from memory once per call.
-// T <= qmatmul_fused_max_tokens() runs a fused decode+dot kernel (rows x token tiles, software
+// T <= qmatmul_fused_max_tokens(format) runs a fused decode+dot kernel (rows x token tiles, software
 // prefetch); larger T decodes 64-row panels, transposed so rows run along vector lanes, into an
 // L2-resident buffer and runs a broadcast GEMM microkernel per lane-chain over token tiles.
 //
@@ -64,12 +64,13 @@ void clear_fp8_decode_override();
 // The route (Bits or F16) an AVX-512 or AVX2 qmatmul of rows [r0, r1) of FP8 weight w takes now.
 Fp8Decode fp8_decode_for(const QWeight& w, int64_t r0, int64_t r1);
 
-// Largest T handled by the fused kernel (default 24 with AVX-512, the crossover in qmatmul_bench's
-// T sweep; 8 with AVX2); larger T goes to the panel GEMM path. Exposed so tests can exercise
-// both paths at every T and benchmarks can find the crossover: 0 sends every T to the GEMM path,
-// a negative value restores the default.
+// Largest T handled by the fused kernel for weights of format f (default 24 with AVX-512, the
+// crossover in qmatmul_bench's T sweep; with AVX2 24 for FP8Block, 16 for MXFP4, 12 for NVFP4, 8
+// for the rest); larger T goes to the panel GEMM path. The setter overrides it for every format,
+// so tests can exercise both paths at every T and benchmarks can find the crossover: 0 sends
+// every T to the GEMM path, a negative value restores the defaults.
 void set_qmatmul_fused_max_tokens(int t);
-int qmatmul_fused_max_tokens();
+int qmatmul_fused_max_tokens(WFormat f);
 
 void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
              int64_t ldy);
