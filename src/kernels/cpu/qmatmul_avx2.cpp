@@ -69,10 +69,10 @@ struct V {
   // Not with 16 registers: pinning x (see the AVX-512 V) ran the AVX2 FP8 tiles at T = 2 and 4
   // ~5% slower (docs/perf.md session 20).
   static constexpr bool kPinX = false;
-  // Fused-path prefetch distance: a row's length, between 1 and 2 KiB (kernels.inc kPrefetch).
-  // The AVX2 tiles hold 2-4 rows at T = 1 (AVX-512: 8), so fewer bytes were in flight; on
-  // AMD Zen 4 in AVX2 mode, two threads from DRAM, 2048 against 1024: FP8 4096x4096 +12%, MXFP4
-  // 2048x4096 +7%; past a row's length (MXFP4 4096x2048) 0.83 (docs/perf.md session 25).
+  // Largest fused-path prefetch distance (kernels.inc prefetch_distance: 8 KiB / R, at most a
+  // row's length). The AVX2 tiles hold 2-4 rows at T = 1 (AVX-512: 8), so fewer bytes were in
+  // flight; on AMD Zen 4 in AVX2 mode, two threads from DRAM, alternating: FP8 4096x4096 +14.6%,
+  // MXFP4 2048x4096 +7%; past a row's length (MXFP4 4096x2048) 0.83 (docs/perf.md session 25).
   static constexpr int64_t kPrefetchMax = 2048;
   // The canonical reduction tree: lanes l + l+4, then l + l+2, l + l+1.
   TGTI static float hsum(reg v) {
@@ -454,7 +454,7 @@ struct DecNV : DecBase, Fp4Bytes<1> {
 // across a sub-step: 8 rows spill; on Zen 3, 4 rows against 8: +18%, session 14), MXFP4 3 and
 // NVFP4 2: with two chains per row (kSplit) 6 and 4 accumulators, more spill (session 25).
 // FP8 and MXFP4 take T >= 3 in 2 x 2 tiles (8 accumulators), not 1 x 4: on Zen 4, one thread,
-// FP8 +32-43%, MXFP4 level at T = 4 and +11% at T = 8 (session 25); NVFP4 level either way.
+// FP8 +32-43%, MXFP4 +1-5% at T = 4 and +11-15% at T = 8 (session 25); NVFP4 level either way.
 template <int R_, int TTM_>
 struct Shape {
   static constexpr int R = R_, TTM = TTM_;

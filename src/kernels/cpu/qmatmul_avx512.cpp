@@ -73,7 +73,7 @@ struct V {
   // --format FP8Block` T = 8 ran +13% (L2, one thread, 6 alternating pairs 1.129-1.138) and
   // T = 16 +15% on an Intel Xeon (docs/perf.md session 20).
   static constexpr bool kPinX = true;
-  static constexpr int64_t kPrefetchMax = 1024;  // fused-path prefetch distance (kernels.inc kPrefetch)
+  static constexpr int64_t kPrefetchMax = 1024;  // largest fused-path prefetch distance (kernels.inc)
   // The canonical reduction tree (part of the summation order: every path calls this):
   // lanes l + l+8, then l + l+4, l + l+2, l + l+1.
   TGTI static float hsum(reg v) {
