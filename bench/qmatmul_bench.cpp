@@ -354,7 +354,7 @@ int main(int argc, char** argv) {
   }
 
   // Fused vs GEMM path across T (one 4096 x 7168 matrix, L3-resident after the first call).
-  const int64_t Ts[] = {1, 2, 4, 8, 12, 16, 24, 32, 64};
+  const int64_t Ts[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 256};
   if (run_section("sweep")) {
   std::printf("\nT sweep (GFLOP/s), fused path vs GEMM path, one %lld x %lld matrix\n", static_cast<long long>(rows),
               static_cast<long long>(cols));

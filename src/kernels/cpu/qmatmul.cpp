@@ -112,7 +112,30 @@ void run_scalar(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_
 // 4, two threads, 3 sweeps: FP8 fused 102-139 against GEMM 62-65 GFLOP/s at T = 12 and 105-106
 // against 76-94 at T = 24; MXFP4 59-103 against 48-65 at T = 12, 58-102 against 51-70 at T = 16;
 // NVFP4 46-74 against 48-53 at T = 12; BF16's GEMM ahead from T = 12: 65-67 against 71-83).
+// AVX-512: 24 where 512-bit FMAs issue at full width (session 2's Intel Xeon). AMD Zen 4 splits
+// each 512-bit FMA over its two 256-bit pipes, so the GEMM path's broadcast microkernel gains less
+// over the fused tiles and they stay ahead far longer (session 26, "AMD EPYC" family 25, two
+// threads, 3 sweeps of one 4096x7168 matrix, GFLOP/s fused / GEMM): FP8 at T = 64 159-183 /
+// 146-159, at T = 80 165-185 / 164-175, at T = 96 162-183 / 172-188; BF16 at T = 80 186-189 /
+// 179-180; MXFP4 and NVFP4 level from T = 48 (~180 / 172-187), the GEMM path ahead from T = 80.
+// A serving step's dense matmuls carry 64 prompt tokens plus the decoding streams.
 constexpr int kDefaultFusedMaxT512 = 24;
+int fused_max_zen4(WFormat f) {
+  switch (f) {
+    case WFormat::FP8Block:
+    case WFormat::BF16: return 80;
+    case WFormat::MXFP4:
+    case WFormat::NVFP4: return 64;
+    default: return kDefaultFusedMaxT512;  // F32 and F16: not measured
+  }
+}
+// AMD family 0x19 with AVX-512 is Zen 4 (Zen 3, the same family, has no AVX-512).
+bool is_zen4() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__builtin_cpu_is("amd") || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const unsigned base = (a >> 8) & 0xF, ext = (a >> 20) & 0xFF;
+  return (base == 0xF ? base + ext : base) == 0x19;
+}
 constexpr int fused_max_avx2(WFormat f) {
   switch (f) {
     case WFormat::FP8Block: return 24;
@@ -268,7 +291,9 @@ namespace {
 int fused_max_for(Isa isa, WFormat f) {
   const int t = g_fused_max.load(std::memory_order_relaxed);
   if (t != kAuto) return t;
-  return isa == Isa::AVX2 ? fused_max_avx2(f) : kDefaultFusedMaxT512;
+  if (isa == Isa::AVX2) return fused_max_avx2(f);
+  static const bool zen4 = is_zen4();
+  return zen4 ? fused_max_zen4(f) : kDefaultFusedMaxT512;
 }
 }  // namespace
 }  // namespace qmm
