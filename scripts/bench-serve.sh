@@ -6,14 +6,15 @@
 # Usage: scripts/bench-serve.sh MODEL_DIR [LIST=1,2,4,8,16] [GEN=32] [PROMPT_WORDS=64]
 # MODEL_DIR needs tokenizer.json (make-tiny --preset flash-proxy --tokenizer build/deps/tokenizer).
 # DSV4_SERVE_ARGS: more options for dsv4 serve (e.g. "--step-tokens-decoding 256" to compare
-# scheduling settings); DSV4_BENCH_ENGINE=0 skips the engine-API run (alternating series).
+# scheduling settings); DSV4_BENCH_ENGINE=0 skips the engine-API run (alternating series);
+# DSV4_BIN: the dsv4 binary to run (default build/dsv4; alternating runs of two builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:?usage: $0 MODEL_DIR [LIST] [GEN] [PROMPT_WORDS]}
 list=${2:-1,2,4,8,16}
 gen=${3:-32}
 words=${4:-64}
-bin=build/dsv4
+bin=${DSV4_BIN:-build/dsv4}
 max=$(tr ',' '\n' <<<"$list" | sort -n | tail -1)
 log=$(mktemp)
 grep -m1 'model name' /proc/cpuinfo | sed 's/.*: /cpu: /'
