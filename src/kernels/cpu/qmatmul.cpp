@@ -114,13 +114,12 @@ void run_scalar(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_
 // NVFP4 46-74 against 48-53 at T = 12; BF16's GEMM ahead from T = 12: 65-67 against 71-83).
 // AVX-512: 24 where 512-bit FMAs issue at full width (session 2's Intel Xeon). AMD Zen 4 splits
 // each 512-bit FMA over its two 256-bit pipes, so the GEMM path's broadcast microkernel gains less
-// over the fused tiles and they stay ahead far longer (session 26, "AMD EPYC" family 25, two
-// threads, 3 sweeps of one 4096x7168 matrix with the GEMM path's remainder tiles, GFLOP/s fused /
-// GEMM): FP8 at T = 64 184-185 / 170-171, at T = 80 183 / 177-179, at T = 96 179-184 / 184-186;
-// BF16 at T = 64 174-187 / 175-182, at T = 80 174-188 / 182-186; MXFP4 at T = 32 184-188 / 167-170,
-// at T = 48 179-181 / 183-185; NVFP4 at T = 32 171-188 / 132-167, at T = 48 161-184 / 136-182, at
-// T = 64 162-182 / 148-191. A serving step's dense matmuls carry 64 prompt tokens plus the
-// decoding streams; its routed experts get ~12 tokens each.
+// over the fused tiles and they stay ahead far longer (docs/perf.md "Session 26": "AMD EPYC"
+// family 25, two threads, 3 sweeps of one 4096x7168 matrix with the GEMM path's remainder tiles,
+// GFLOP/s fused / GEMM): FP8 at T = 80 161-183 / 160-179, at T = 96 144-184 / 150-186; BF16 at
+// T = 80 174-188 / 182-186; MXFP4 at T = 32 135-188 / 167-170, at T = 48 154-181 / 183-185;
+// NVFP4 at T = 48 161-184 / 136-182, at T = 64 162-182 / 148-191. A serving step's dense
+// matmuls carry 64 prompt tokens plus the decoding streams (its routed experts ~12 tokens each).
 constexpr int kDefaultFusedMaxT512 = 24;
 int fused_max_zen4(WFormat f) {
   switch (f) {
