@@ -125,6 +125,11 @@ struct DecBF16 : DecBase {
     __m512i v;
   };
   explicit DecBF16(const QWeight& w) : DecBase(w, w.cols * 2, 0) {}
+  // Tiles of fewer than 8 rows prefetch up to 2 KiB ahead (V::kPrefetchMax: 1 KiB): the head's
+  // shape from DRAM, two threads, alternating pairs on AMD Zen 4 (docs/perf.md session 26): T = 6
+  // +19%, T = 8 +12%, T = 16 +5% (3 x 8 tiles). The same for MXFP4 and FP8 ran level or worse
+  // (T = 8 0.94, 0.98; session 25: T = 2-4 level).
+  static constexpr int64_t kPrefetchMax = 2048;
   static constexpr int pos(int c) { return (c & 1) * 16 + (c >> 1); }
   void prep(int64_t, int64_t, int64_t, float*) const {}
   TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
