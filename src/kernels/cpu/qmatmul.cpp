@@ -114,6 +114,14 @@ void run_scalar(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_
 // NVFP4 46-74 against 48-53 at T = 12; BF16's GEMM ahead from T = 12: 65-67 against 71-83).
 // NVFP4 up to T = 16 since session 26 (with the GEMM path's remainder tiles, 5 sweeps: fused
 // 67-97 against GEMM 67-88 at T = 16, 84-97 against 105-121 at T = 24).
+constexpr int fused_max_avx2(WFormat f) {
+  switch (f) {
+    case WFormat::FP8Block: return 24;
+    case WFormat::MXFP4:
+    case WFormat::NVFP4: return 16;
+    default: return 8;
+  }
+}
 // AVX-512: 24 where 512-bit FMAs issue at full width (session 2's Intel Xeon). AMD Zen 4 splits
 // each 512-bit FMA over its two 256-bit pipes, so the GEMM path's broadcast microkernel gains less
 // over the fused tiles and they stay ahead far longer (docs/perf.md "Session 26": "AMD EPYC"
@@ -138,14 +146,6 @@ bool is_zen4() {
   if (!__builtin_cpu_is("amd") || !__get_cpuid(1, &a, &b, &c, &d)) return false;
   const unsigned base = (a >> 8) & 0xF, ext = (a >> 20) & 0xFF;
   return (base == 0xF ? base + ext : base) == 0x19;
-}
-constexpr int fused_max_avx2(WFormat f) {
-  switch (f) {
-    case WFormat::FP8Block: return 24;
-    case WFormat::MXFP4: return 16;
-    case WFormat::NVFP4: return 16;
-    default: return 8;
-  }
 }
 constexpr int kAuto = -1;
 constexpr int64_t kSwapMaxRows = 24;  // F32 weights this small swap operands at large T (qmatmul)

@@ -67,9 +67,9 @@ Fp8Decode fp8_decode_for(const QWeight& w, int64_t r0, int64_t r1);
 // Largest T handled by the fused kernel for weights of format f, the crossover in qmatmul_bench's
 // T sweep: with AVX-512 24, except on AMD Zen 4 (80 for FP8Block and BF16, 40 for MXFP4, 48 for
 // NVFP4); with AVX2 24 for FP8Block, 16 for MXFP4 and NVFP4, 8 for the rest. Larger T goes to
-// the panel GEMM path. The setter overrides it for every format,
-// so tests can exercise both paths at every T and benchmarks can find the crossover: 0 sends
-// every T to the GEMM path, a negative value restores the defaults.
+// the panel GEMM path. The setter overrides it for every format, so tests can exercise both paths
+// at every T and benchmarks can find the crossover: 0 sends every T to the GEMM path, a negative
+// value restores the defaults.
 void set_qmatmul_fused_max_tokens(int t);
 int qmatmul_fused_max_tokens(WFormat f);
 
