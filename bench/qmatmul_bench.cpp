@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -365,18 +366,30 @@ int main(int argc, char** argv) {
     std::printf("\n");
     set_qmatmul_fused_max_tokens(-1);
     const int crossover = qmatmul_fused_max_tokens(f);
-    for (int path : {1 << 20, 0}) {
-      set_qmatmul_fused_max_tokens(path);
-      std::printf("  %-6s ", path ? "fused" : "gemm");
-      for (int64_t T : Ts) {
+    double best[2][std::size(Ts)] = {};
+    for (int p = 0; p < 2; ++p) {
+      set_qmatmul_fused_max_tokens(p == 0 ? 1 << 20 : 0);
+      std::printf("  %-6s ", p == 0 ? "fused" : "gemm");
+      for (size_t i = 0; i < std::size(Ts); ++i) {
+        const int64_t T = Ts[i];
         auto call = [&] { qmatmul(set.ws[0], 0, rows, x.data(), cols, T, y.data(), rows); };
         call();
-        const Stats s = rate(quick ? 2 : 3, 2.0 * rows * cols * static_cast<double>(T) / 1e9, call);
-        std::printf(" %7.1f", s.best);
+        best[p][i] = rate(quick ? 2 : 3, 2.0 * rows * cols * static_cast<double>(T) / 1e9, call).best;
+        std::printf(" %7.1f", best[p][i]);
       }
       std::printf("\n");
     }
-    std::printf("  (default: fused up to T = %d)\n", crossover);
+    // The first T of the list from which the GEMM path stays ahead (one sweep: noisy; compare
+    // several before moving a default).
+    size_t from = std::size(Ts);
+    while (from > 0 && best[1][from - 1] > best[0][from - 1]) --from;
+    if (from < std::size(Ts)) {
+      std::printf("  (default: fused up to T = %d; this sweep: GEMM ahead from T = %lld)\n", crossover,
+                  static_cast<long long>(Ts[from]));
+    } else {
+      std::printf("  (default: fused up to T = %d; this sweep: fused still ahead at T = %lld)\n", crossover,
+                  static_cast<long long>(Ts[from - 1]));
+    }
   }
   set_qmatmul_fused_max_tokens(-1);
   }
