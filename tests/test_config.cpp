@@ -297,6 +297,13 @@ TEST(Config, ValidationErrors) {
     j["hidden_size"] = big;
     expect_error(j, "hidden_size");
   }
+  // A nested object's errors name it. The message is built from `where + " rope_scaling"`, a
+  // temporary the reader once held by reference (the checkpoint fuzzer's stack-use-after-scope).
+  for (const json& bad : {json(6.5e98), json("16"), json(2.5)}) {
+    json j = base;
+    j["rope_scaling"] = {{"type", "yarn"}, {"factor", 16}, {"original_max_position_embeddings", bad}};
+    expect_error(j, "cfg.json rope_scaling: key original_max_position_embeddings");
+  }
   // A whole-number float is an integer.
   json j = base;
   j["hidden_size"] = 256.0;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "core/error.h"
 
@@ -25,7 +26,8 @@ namespace {
 // Reads the first present key among `keys` (HF name first, then the reference's native name).
 class Reader {
  public:
-  Reader(const json& j, const std::string& where) : j_(j), where_(where) {}
+  // `where` is copied: callers pass temporaries such as `where + " rope_scaling"`.
+  Reader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
 
   const json* find(std::initializer_list<const char*> keys) const {
     for (const char* k : keys) {
@@ -62,7 +64,7 @@ class Reader {
 
  private:
   const json& j_;
-  const std::string& where_;
+  const std::string where_;
 };
 
 void require(bool ok, const std::string& where, const std::string& what) {
