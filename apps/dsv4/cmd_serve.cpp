@@ -2,6 +2,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <thread>
 
@@ -52,15 +53,26 @@ int cmd_serve(const Args& a) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   server::HttpServer srv(eo, so);
-  std::thread watcher([&] {
+  // The watcher is joined before srv goes, also when run() throws (a model that fails to load):
+  // a detached one could call stop() on a destroyed server if a signal came as the command
+  // returned. On the way out it is woken with a signal of its set and told not to act on it.
+  struct Watcher {
+    std::atomic<bool> leaving{false};
+    std::thread thread;
+    ~Watcher() {
+      leaving = true;
+      pthread_kill(thread.native_handle(), SIGTERM);  // pending for it alone: every thread blocks it
+      thread.join();
+    }
+  } watcher;
+  watcher.thread = std::thread([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
-    if (sig != 0) {
+    if (sig != 0 && !watcher.leaving) {
       std::fprintf(stderr, "dsv4 serve: stopping (signal %d)\n", sig);
       srv.stop();
     }
   });
-  watcher.detach();
   std::fprintf(stderr, "dsv4 serve: loading %s\n", eo.model_dir.c_str());
   srv.run([&](int port) {
     std::fprintf(stderr, "dsv4 serve: ready at http://%s:%d/v1 (max batch %d, queue %d)\n", so.host.c_str(), port,
