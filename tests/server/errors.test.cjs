@@ -3,6 +3,10 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const net = require('node:net');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { spawnSync } = require('node:child_process');
 const { OpenAI } = require('openai');
 const { startServer, metric } = require('./harness.cjs');
 
@@ -125,4 +129,28 @@ test('a cancelled stream frees its capacity within a step', async () => {
   // Both slots are usable again.
   const two = await Promise.all([0, 1].map(() => client.chat.completions.create({ model: 'demo', ...ok })));
   assert.strictEqual(two.length, 2);
+});
+
+test('SIGTERM stops the server: exit status 0 and a line saying so', async () => {
+  const s = await startServer();
+  const { code, sig } = await s.stop();
+  assert.strictEqual(sig, null);
+  assert.strictEqual(code, 0, s.log());
+  assert.match(s.log(), /stopping \(signal 15\)/);
+});
+
+test('a model that fails to load: exit status 1 naming it, no hang', () => {
+  // A tokenizer (so the server starts binding and loading) and a config.json without its keys:
+  // the load fails inside the server's run, whose signal watcher must still be woken and joined.
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dsv4-bad-model-'));
+  try {
+    fs.copyFileSync(path.join(process.env.DSV4_TOKENIZER, 'tokenizer.json'), path.join(dir, 'tokenizer.json'));
+    fs.writeFileSync(path.join(dir, 'config.json'), '{}');
+    const r = spawnSync(process.env.DSV4_BIN, ['serve', '--model', dir, '--port', '0'], { encoding: 'utf8', timeout: 60000 });
+    assert.strictEqual(r.error, undefined, 'it exited within 60 s');
+    assert.strictEqual(r.status, 1, r.stderr);
+    assert.match(r.stderr, /config\.json: missing key vocab_size/);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
