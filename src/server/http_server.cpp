@@ -4,8 +4,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include "server/response.h"
@@ -60,6 +62,31 @@ struct HttpServer::Impl {
   std::atomic<bool> ready{false};
   httplib::Server svr;
   std::string model_name;
+
+  // The listener's end. cpp-httplib 0.11's Server::stop() does nothing until listen_after_bind
+  // has marked the server running, and must not run twice: a stop that came first (a model that
+  // failed to load within a millisecond, a signal during startup) was lost and the listener
+  // served on, so run() never returned. Every stop goes through try_stop under mu.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop_requested = false, listener_stopped = false, listener_done = false;
+
+  bool try_stop() {  // mu held; whether the listener is stopped (or ending by itself)
+    if (!listener_stopped && svr.is_running()) {
+      svr.stop();
+      listener_stopped = true;
+    }
+    return listener_stopped || listener_done;
+  }
+  // Stops the listener (retrying until it is running or has ended) and joins it.
+  void end_listener(std::thread& listener) {
+    {
+      std::unique_lock<std::mutex> l(mu);
+      stop_requested = true;
+      while (!try_stop()) cv.wait_for(l, std::chrono::milliseconds(1));
+    }
+    listener.join();
+  }
 
   void send_error(httplib::Response& res, const ApiError& e, bool anthropic) {
     res.status = e.status;
@@ -256,7 +283,13 @@ HttpServer::HttpServer(const EngineOptions& engine, const ServerOptions& o) : im
 
 HttpServer::~HttpServer() { stop(); }
 
-void HttpServer::stop() { impl_->svr.stop(); }
+void HttpServer::stop() {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> l(m.mu);
+  m.stop_requested = true;
+  m.try_stop();  // when not yet running, run() retries
+  m.cv.notify_all();
+}
 
 void HttpServer::run(const std::function<void(int)>& ready) {
   Impl& m = *impl_;
@@ -268,7 +301,12 @@ void HttpServer::run(const std::function<void(int)>& ready) {
   } else if (!m.svr.bind_to_port(m.opt.host, port)) {
     throw Error("cannot listen on " + m.opt.host + ":" + std::to_string(port) + " (in use, or not an address of this machine)");
   }
-  std::thread listener([&] { m.svr.listen_after_bind(); });
+  std::thread listener([&] {
+    m.svr.listen_after_bind();
+    std::lock_guard<std::mutex> l(m.mu);
+    m.listener_done = true;
+    m.cv.notify_all();
+  });
   try {
     m.engine = std::make_unique<Engine>(m.engine_opt);
     if (!m.engine->has_tokenizer()) throw Error(m.engine_opt.model_dir + " has no tokenizer.json: the server needs one");
@@ -276,13 +314,16 @@ void HttpServer::run(const std::function<void(int)>& ready) {
     if (m.model_name.empty()) m.model_name = "dsv4";
     m.sched = std::make_unique<Scheduler>(*m.engine, m.opt.scheduler, m.metrics);
   } catch (...) {
-    m.svr.stop();
-    listener.join();
+    m.end_listener(listener);
     throw;
   }
   m.ready = true;
   if (ready) ready(port);
-  listener.join();
+  {
+    std::unique_lock<std::mutex> l(m.mu);
+    m.cv.wait(l, [&] { return m.stop_requested || m.listener_done; });
+  }
+  m.end_listener(listener);
   m.ready = false;
   m.sched.reset();  // fails what is still queued or running
 }

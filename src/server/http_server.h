@@ -39,7 +39,9 @@ class HttpServer {
   // Binds the port (throws Error when it cannot), loads the engine, calls `ready` with the
   // bound port, then serves until stop(). Throws Error when the model fails to load.
   void run(const std::function<void(int port)>& ready);
-  void stop();  // safe from another thread
+  // Safe from another thread, and at any time: a stop before run() or while the model loads
+  // ends run() once the model has loaded.
+  void stop();
 
   struct Impl;
 
