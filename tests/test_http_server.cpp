@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <future>
 
@@ -21,7 +20,7 @@ TEST(HttpServer, StopBeforeRunEndsRunOnceLoaded) {
   const std::string model = temp_dir("http-stop") + "/m";
   const std::string mk = std::string(DSV4_BIN) + " make-tiny --out " + model + " --preset demo --seed 3 --tokenizer " +
                          tokenizer_dir() + " >/dev/null 2>&1";
-  ASSERT_EQ(std::system(mk.c_str()), 0) << mk;
+  ASSERT_EQ(run_command(mk).status, 0) << mk;
   EngineOptions eo;
   eo.model_dir = model;
   eo.threads = 1;
