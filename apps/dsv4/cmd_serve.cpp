@@ -73,12 +73,17 @@ int cmd_serve(const Args& a) {
       srv.stop();
     }
   });
-  std::fprintf(stderr, "dsv4 serve: loading %s\n", eo.model_dir.c_str());
-  srv.run([&](int port) {
-    std::fprintf(stderr, "dsv4 serve: ready at http://%s:%d/v1 (max batch %d, queue %d)\n", so.host.c_str(), port,
-                 so.scheduler.max_batch, so.scheduler.max_queue);
-    std::fflush(stderr);
-  });
+  srv.run(
+      [&](int port) {
+        std::fprintf(stderr, "dsv4 serve: ready at http://%s:%d/v1 (max batch %d, queue %d)\n", so.host.c_str(), port,
+                     so.scheduler.max_batch, so.scheduler.max_queue);
+        std::fflush(stderr);
+      },
+      [&](int port) {
+        std::fprintf(stderr, "dsv4 serve: listening on http://%s:%d (/health says \"loading\"), loading %s\n",
+                     so.host.c_str(), port, eo.model_dir.c_str());
+        std::fflush(stderr);
+      });
   return 0;
 }
 

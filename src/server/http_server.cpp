@@ -291,7 +291,7 @@ void HttpServer::stop() {
   m.cv.notify_all();
 }
 
-void HttpServer::run(const std::function<void(int)>& ready) {
+void HttpServer::run(const std::function<void(int)>& ready, const std::function<void(int)>& listening) {
   Impl& m = *impl_;
   m.setup();
   int port = m.opt.port;
@@ -301,6 +301,9 @@ void HttpServer::run(const std::function<void(int)>& ready) {
   } else if (!m.svr.bind_to_port(m.opt.host, port)) {
     throw Error("cannot listen on " + m.opt.host + ":" + std::to_string(port) + " (in use, or not an address of this machine)");
   }
+  // Named before the listener starts: /v1/models answers while the model loads.
+  m.model_name = m.opt.model_name.empty() ? std::filesystem::path(m.engine_opt.model_dir).filename().string() : m.opt.model_name;
+  if (m.model_name.empty()) m.model_name = "dsv4";
   std::thread listener([&] {
     m.svr.listen_after_bind();
     std::lock_guard<std::mutex> l(m.mu);
@@ -308,10 +311,9 @@ void HttpServer::run(const std::function<void(int)>& ready) {
     m.cv.notify_all();
   });
   try {
+    if (listening) listening(port);
     m.engine = std::make_unique<Engine>(m.engine_opt);
     if (!m.engine->has_tokenizer()) throw Error(m.engine_opt.model_dir + " has no tokenizer.json: the server needs one");
-    m.model_name = m.opt.model_name.empty() ? std::filesystem::path(m.engine_opt.model_dir).filename().string() : m.opt.model_name;
-    if (m.model_name.empty()) m.model_name = "dsv4";
     m.sched = std::make_unique<Scheduler>(*m.engine, m.opt.scheduler, m.metrics);
   } catch (...) {
     m.end_listener(listener);

@@ -36,9 +36,10 @@ class HttpServer {
  public:
   HttpServer(const EngineOptions& engine, const ServerOptions& o);
   ~HttpServer();
-  // Binds the port (throws Error when it cannot), loads the engine, calls `ready` with the
-  // bound port, then serves until stop(). Throws Error when the model fails to load.
-  void run(const std::function<void(int port)>& ready);
+  // Binds the port (throws Error when it cannot), calls `listening` with it, loads the engine
+  // (meanwhile /health answers "loading"), calls `ready` with the port, then serves until
+  // stop(). Throws Error when the model fails to load.
+  void run(const std::function<void(int port)>& ready, const std::function<void(int port)>& listening = {});
   // Safe from another thread, and at any time: a stop before run() or while the model loads
   // ends run() once the model has loaded.
   void stop();

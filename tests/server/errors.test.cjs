@@ -6,9 +6,9 @@ const net = require('node:net');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { spawnSync } = require('node:child_process');
+const { spawn, spawnSync } = require('node:child_process');
 const { OpenAI } = require('openai');
-const { startServer, metric } = require('./harness.cjs');
+const { startServer, metric, demoModel } = require('./harness.cjs');
 
 let srv, client;
 test.before(async () => {
@@ -152,5 +152,55 @@ test('a model that fails to load: exit status 1 naming it, no hang', () => {
     assert.match(r.stderr, /config\.json: missing key vocab_size/);
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('while the model loads: /health says loading, generation 503, /v1/models names the model', async (t) => {
+  // The port is open before the model loads (the "listening" line). Requests sent from then until
+  // "ready" see the loading state; /v1/models names the model in both states (it answered "" while
+  // loading when the name was set after the load).
+  const model = demoModel();
+  const proc = spawn(process.env.DSV4_BIN, ['serve', '--model', model, '--port', '0', '--threads', '1'],
+                     { stdio: ['ignore', 'ignore', 'pipe'] });
+  const exited = new Promise((resolve) => proc.on('exit', (code) => resolve(code)));
+  let log = '';
+  const seen = [];
+  try {
+    const url = await new Promise((resolve, reject) => {
+      proc.stderr.on('data', (d) => {
+        log += d.toString();
+        const m = log.match(/listening on (http:\/\/\S+) /);
+        if (m) resolve(m[1]);
+      });
+      exited.then((code) => reject(new Error(`exited (${code}) before listening:\n${log}`)));
+    });
+    while (!/ready at/.test(log)) {
+      const [health, models, chat] = await Promise.all([
+        fetch(url + '/health'),
+        fetch(url + '/v1/models'),
+        fetch(url + '/v1/chat/completions', { method: 'POST', headers: { 'Content-Type': 'application/json' },
+                                               body: JSON.stringify(ok) }),
+      ]);
+      seen.push({ health: health.status, healthBody: await health.json(), models: await models.json(),
+                  chat: chat.status, chatBody: await chat.json() });
+    }
+    for (const s of seen) {
+      assert.strictEqual(s.models.data[0].id, path.basename(model), JSON.stringify(s));
+      if (s.health === 503) {
+        assert.deepStrictEqual(s.healthBody, { status: 'loading' });
+        assert.strictEqual(s.chat, 503, JSON.stringify(s));
+        assert.match(s.chatBody.error.message, /loading/);
+      } else {
+        assert.strictEqual(s.health, 200, JSON.stringify(s));
+      }
+    }
+    const health = await fetch(url + '/health');
+    assert.strictEqual(health.status, 200);
+    assert.strictEqual((await health.json()).status, 'ok');
+    const loading = seen.filter((s) => s.health === 503).length;
+    t.diagnostic(`${loading} of ${seen.length} rounds answered while loading`);
+  } finally {
+    proc.kill('SIGTERM');
+    await exited;
   }
 });
