@@ -3,7 +3,9 @@
 #   1. every test of the Release build (ctest; extra arguments go to this ctest run);
 #   2. the sanitizer tier: the unit, golden, engine and CLI tests built with ASan + UBSan
 #      (scripts/sanitize.sh; the slowest cases are left out there, listed in it);
-#   3. the fuzz tier: each libFuzzer target for DSV4_FUZZ_SECONDS (default 30) from its corpus
+#   3. the thread tier: the thread pool, HttpServer and the server's node-client tests built
+#      with ThreadSanitizer (scripts/tsan.sh);
+#   4. the fuzz tier: each libFuzzer target for DSV4_FUZZ_SECONDS (default 30) from its corpus
 #      (scripts/fuzz.sh).
 # DSV4_QUICK=1 runs tier 1 only (development).
 set -euo pipefail
@@ -20,4 +22,5 @@ scripts/seed-ctest-costs.sh tests/ctest-costs.txt build
 (cd build && ctest --output-on-failure -j"$(nproc)" "$@")
 [ "${DSV4_QUICK:-0}" = 1 ] && exit 0
 scripts/sanitize.sh
+scripts/tsan.sh
 scripts/fuzz.sh
