@@ -1,8 +1,14 @@
 #include "server/http_server.h"
 
+#include <dirent.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -46,6 +52,48 @@ ApiError api_error(const Error& e) {
   const int s = status_of(e);
   const char* type = s == 400 ? "invalid_request_error" : s == 503 ? "overloaded_error" : "server_error";
   return ApiError(s, type, e.what());
+}
+
+int port_of(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+  return -1;
+}
+
+// The socket of a request's connection, or -1. cpp-httplib 0.11 does not hand it to handlers, so
+// it is found among this process's descriptors by its two ends (a TCP connection is unique by
+// them). It stays valid while the handler runs: the handler's thread owns the connection.
+int connection_fd(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (const dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0') continue;
+    sockaddr_storage self{}, peer{};
+    socklen_t ls = sizeof self, lp = sizeof peer;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&self), &ls) != 0 ||
+        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &lp) != 0)
+      continue;
+    if (port_of(self) != req.local_port || port_of(peer) != req.remote_port) continue;
+    char host[NI_MAXHOST];
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&peer), lp, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0 ||
+        req.remote_addr != host)
+      continue;
+    found = static_cast<int>(fd);
+    break;
+  }
+  closedir(dir);
+  return found;
+}
+
+// Whether the client closed its end (end of stream or a reset) without reading a byte of it:
+// a peek that does not wait. HTTP/1.1 clients do not half-close while awaiting an answer.
+bool peer_closed(int fd) {
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 }  // namespace
@@ -138,9 +186,24 @@ struct HttpServer::Impl {
     const auto timeout = std::chrono::seconds(opt.timeout_s);
 
     if (!st->req.stream) {
+      // Nothing is written before the answer, so a client that leaves is seen on its socket:
+      // checked every kCheck (the descriptor is looked up at the first check), its job cancelled.
+      constexpr auto kCheck = std::chrono::milliseconds(250);
+      auto checked = st->t0;
+      int fd = -2;  // not looked up yet
       Event e;
       for (;;) {
-        if (!st->job->next(e, std::chrono::milliseconds(1000))) {
+        const bool got = st->job->next(e, kCheck);
+        if (Clock::now() - checked >= kCheck) {
+          checked = Clock::now();
+          if (fd == -2) fd = connection_fd(req);
+          if (fd >= 0 && peer_closed(fd)) {
+            st->job->cancel();
+            // nginx's "client closed request": for the log line and /metrics, nobody reads it.
+            return send_error(res, ApiError(499, "client_closed_request", "the client closed the connection"), anthropic);
+          }
+        }
+        if (!got) {
           if (Clock::now() - st->t0 > timeout) {
             st->job->cancel();
             return send_error(res, ApiError(504, "timeout", "the request took longer than the server's timeout (" +

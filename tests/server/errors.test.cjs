@@ -131,6 +131,32 @@ test('a cancelled stream frees its capacity within a step', async () => {
   assert.strictEqual(two.length, 2);
 });
 
+test('a non-streaming request whose client leaves frees its capacity', async () => {
+  // Nothing is written before a non-streamed answer, so the server watches the socket (every
+  // 250 ms): 3000 tokens take far longer than the 5 s allowed here (it ran to the end before).
+  const idle = async () => { const h = await (await fetch(srv.url + '/health')).json(); return h.running === 0 && h.queue_depth === 0; };
+  for (let i = 0; i < 200 && !(await idle()); ++i) await new Promise((r) => setTimeout(r, 50));
+  assert.ok(await idle(), 'idle before the test');
+  const c = new AbortController();
+  const pending = client.chat.completions.create(
+    { model: 'demo', messages: [{ role: 'user', content: 'long story' }], max_tokens: 3000 }, { signal: c.signal }).catch((e) => e);
+  let running = 0;
+  for (let i = 0; i < 200 && running === 0; ++i) {
+    await new Promise((r) => setTimeout(r, 25));
+    running = await metric(srv.url, 'dsv4_running_sequences');
+  }
+  assert.strictEqual(running, 1, 'the request is running');
+  c.abort();
+  assert.ok((await pending) instanceof Error, 'the client saw its abort');
+  for (let i = 0; i < 100 && running > 0; ++i) {
+    await new Promise((r) => setTimeout(r, 50));
+    running = await metric(srv.url, 'dsv4_running_sequences');
+  }
+  assert.strictEqual(running, 0, 'the abandoned sequence was freed');
+  assert.strictEqual(await metric(srv.url, 'dsv4_kv_reserved_bytes'), 0);
+  assert.match(srv.log(), /POST \/v1\/chat\/completions 499/);
+});
+
 test('SIGTERM stops the server: exit status 0 and a line saying so', async () => {
   const s = await startServer();
   const { code, sig } = await s.stop();
