@@ -6,7 +6,7 @@ const net = require('node:net');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { spawn, spawnSync } = require('node:child_process');
+const { spawnSync } = require('node:child_process');
 const { OpenAI } = require('openai');
 const { startServer, metric, demoModel } = require('./harness.cjs');
 
@@ -23,6 +23,13 @@ async function post(body, headers = {}) {
   return { status: res.status, json: await res.json().catch(() => null) };
 }
 const ok = { messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 };
+// Waits until the scheduler has let go of every earlier request (a queued one leaves the queue
+// when its next keep-alive write fails).
+async function assertIdle() {
+  const idle = async () => { const h = await (await fetch(srv.url + '/health')).json(); return h.running === 0 && h.queue_depth === 0; };
+  for (let i = 0; i < 200 && !(await idle()); ++i) await new Promise((r) => setTimeout(r, 50));
+  assert.ok(await idle(), 'idle before the test');
+}
 
 test('every bad input of issue 13 item 9 gets its status and a message naming it', async () => {
   const cases = [
@@ -107,11 +114,7 @@ test('overload: a full queue answers 503 with Retry-After, no hang', async () =>
 });
 
 test('a cancelled stream frees its capacity within a step', async () => {
-  // The previous test's streams were aborted: wait until the scheduler has let go of them all
-  // (a queued one leaves the queue when its next keep-alive write fails).
-  const idle = async () => { const h = await (await fetch(srv.url + '/health')).json(); return h.running === 0 && h.queue_depth === 0; };
-  for (let i = 0; i < 200 && !(await idle()); ++i) await new Promise((r) => setTimeout(r, 50));
-  assert.ok(await idle(), 'idle before the test');
+  await assertIdle();  // the previous test's streams were aborted
   const c = new AbortController();
   const s = await client.chat.completions.create(
     { model: 'demo', messages: [{ role: 'user', content: 'long story' }], max_tokens: 200, stream: true }, { signal: c.signal });
@@ -134,9 +137,7 @@ test('a cancelled stream frees its capacity within a step', async () => {
 test('a non-streaming request whose client leaves frees its capacity', async () => {
   // Nothing is written before a non-streamed answer, so the server watches the socket (every
   // 250 ms): 3000 tokens take far longer than the 5 s allowed here (it ran to the end before).
-  const idle = async () => { const h = await (await fetch(srv.url + '/health')).json(); return h.running === 0 && h.queue_depth === 0; };
-  for (let i = 0; i < 200 && !(await idle()); ++i) await new Promise((r) => setTimeout(r, 50));
-  assert.ok(await idle(), 'idle before the test');
+  await assertIdle();
   const c = new AbortController();
   const pending = client.chat.completions.create(
     { model: 'demo', messages: [{ role: 'user', content: 'long story' }], max_tokens: 3000 }, { signal: c.signal }).catch((e) => e);
@@ -186,21 +187,11 @@ test('while the model loads: /health says loading, generation 503, /v1/models na
   // "ready" see the loading state; /v1/models names the model in both states (it answered "" while
   // loading when the name was set after the load).
   const model = demoModel();
-  const proc = spawn(process.env.DSV4_BIN, ['serve', '--model', model, '--port', '0', '--threads', '1'],
-                     { stdio: ['ignore', 'ignore', 'pipe'] });
-  const exited = new Promise((resolve) => proc.on('exit', (code) => resolve(code)));
-  let log = '';
+  const s = await startServer([], 1, model, { listening: true });
+  const url = s.url;
   const seen = [];
   try {
-    const url = await new Promise((resolve, reject) => {
-      proc.stderr.on('data', (d) => {
-        log += d.toString();
-        const m = log.match(/listening on (http:\/\/\S+) /);
-        if (m) resolve(m[1]);
-      });
-      exited.then((code) => reject(new Error(`exited (${code}) before listening:\n${log}`)));
-    });
-    while (!/ready at/.test(log)) {
+    while (!/ready at/.test(s.log())) {
       const [health, models, chat] = await Promise.all([
         fetch(url + '/health'),
         fetch(url + '/v1/models'),
@@ -210,23 +201,22 @@ test('while the model loads: /health says loading, generation 503, /v1/models na
       seen.push({ health: health.status, healthBody: await health.json(), models: await models.json(),
                   chat: chat.status, chatBody: await chat.json() });
     }
-    for (const s of seen) {
-      assert.strictEqual(s.models.data[0].id, path.basename(model), JSON.stringify(s));
-      if (s.health === 503) {
-        assert.deepStrictEqual(s.healthBody, { status: 'loading' });
-        assert.strictEqual(s.chat, 503, JSON.stringify(s));
-        assert.match(s.chatBody.error.message, /loading/);
+    for (const r of seen) {
+      assert.strictEqual(r.models.data[0].id, path.basename(model), JSON.stringify(r));
+      if (r.health === 503) {
+        assert.deepStrictEqual(r.healthBody, { status: 'loading' });
+        assert.strictEqual(r.chat, 503, JSON.stringify(r));
+        assert.match(r.chatBody.error.message, /loading/);
       } else {
-        assert.strictEqual(s.health, 200, JSON.stringify(s));
+        assert.strictEqual(r.health, 200, JSON.stringify(r));
       }
     }
     const health = await fetch(url + '/health');
     assert.strictEqual(health.status, 200);
     assert.strictEqual((await health.json()).status, 'ok');
-    const loading = seen.filter((s) => s.health === 503).length;
+    const loading = seen.filter((r) => r.health === 503).length;
     t.diagnostic(`${loading} of ${seen.length} rounds answered while loading`);
   } finally {
-    proc.kill('SIGTERM');
-    await exited;
+    await s.stop();
   }
 });

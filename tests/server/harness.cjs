@@ -62,8 +62,10 @@ function agreeingModel() {
 }
 
 // Resolves once the server prints its URL; rejects if it exits first. `ranks` > 1 starts it
-// under mpirun (DSV4_MPIEXEC) as that many processes; rank 0 serves.
-function startServer(extra = [], ranks = 1, model = demoModel()) {
+// under mpirun (DSV4_MPIEXEC) as that many processes; rank 0 serves. With `listening` it resolves
+// at the line printed once the port is bound, before the model loads (log() shows when "ready at"
+// follows).
+function startServer(extra = [], ranks = 1, model = demoModel(), { listening = false } = {}) {
   const args = ['serve', '--model', model, '--port', '0', '--threads', '1', ...extra];
   const [cmd, argv] = ranks > 1
     ? [process.env.DSV4_MPIEXEC, ['--allow-run-as-root', '--oversubscribe', '-np', String(ranks), bin, ...args]]
@@ -74,7 +76,7 @@ function startServer(extra = [], ranks = 1, model = demoModel()) {
   return new Promise((resolve, reject) => {
     proc.stderr.on('data', (d) => {
       log += d.toString();
-      const m = log.match(/ready at (http:\/\/[^\s/]+)\/v1/);
+      const m = log.match(listening ? /listening on (http:\/\/\S+) / : /ready at (http:\/\/[^\s/]+)\/v1/);
       if (m && !proc.url) {
         proc.url = m[1];
         resolve({
