@@ -167,6 +167,9 @@ Commands:
       --cache-budget MB  prefix-cache snapshots (default 1024; 0 = off)
       --max-tokens N     max_tokens when a request gives none (default 4096)
       --timeout S        cancel a request running longer than S seconds (default 600)
+      --stall-timeout S  drop a client that takes no byte of its answer for S seconds
+                         (default 30); a stream whose client stops reading is paused once
+                         ~64 KiB of it wait to be sent, then dropped after S seconds
       --draft N          speculative decoding: the MTP block drafts N tokens (1..16) per
                          decoding stream and step, which the model verifies in the same step;
                          answers are identical to those without it (greedy or seeded); the

@@ -96,6 +96,9 @@ bool peer_closed(int fd) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+// SO_SNDBUF of an event stream's connection (Linux doubles it for its bookkeeping).
+constexpr int kStreamSendBuffer = 64 << 10;
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -221,21 +224,42 @@ struct HttpServer::Impl {
 
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
+    // A small send buffer, so that a client that stops reading blocks our writes (and pauses its
+    // job, see Scheduler) after ~kStreamSendBuffer of its answer rather than after the megabytes
+    // a loopback or fast link autotunes to. An event stream needs little: at ~200 bytes a token
+    // it holds hundreds of tokens, and the link's round trip is paid once per buffer, not per token.
+    if (const int fd = connection_fd(req); fd >= 0) {
+      const int bytes = kStreamSendBuffer;
+      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+    }
     const int64_t timeout_s = opt.timeout_s;
+    const int stall_s = opt.stall_timeout_s;
+    const bool quiet = opt.quiet;
+    const std::string who = req.remote_addr + ":" + std::to_string(req.remote_port) + " (" + req.path + ")";
     res.set_chunked_content_provider(
         "text/event-stream",
-        [st, anthropic, timeout_s](size_t, httplib::DataSink& sink) {
-          auto write = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
+        [st, anthropic, timeout_s, stall_s, quiet, who](size_t, httplib::DataSink& sink) {
+          // A failed write means the client left or took nothing for stall_s (cpp-httplib's
+          // write timeout): either way its job is cancelled, freed before the next step.
+          auto write = [&](const std::string& s) {
+            if (s.empty()) return true;
+            const auto t = Clock::now();
+            if (sink.write(s.data(), s.size())) return true;
+            st->job->cancel();
+            if (!quiet && Clock::now() - t >= std::chrono::seconds(stall_s))
+              std::fprintf(stderr, "dsv4 serve: dropped the stream to %s: it took no data for %d s\n", who.c_str(), stall_s);
+            return false;
+          };
           if (!st->started) {
             st->started = true;
-            if (!write(st->resp->start())) return st->job->cancel(), false;
+            if (!write(st->resp->start())) return false;
           }
           Event e;
           for (;;) {
             if (!st->job->next(e, std::chrono::milliseconds(1000))) {
               // Keep-alive while a long prompt is read; a failed write means the client left.
               const std::string ping = anthropic ? sse_event("ping", R"({"type":"ping"})") : ": keep-alive\n\n";
-              if (!write(ping)) return st->job->cancel(), false;
+              if (!write(ping)) return false;
               if (Clock::now() - st->t0 > std::chrono::seconds(timeout_s)) {
                 st->job->cancel();
                 const ApiError err(504, "timeout", "the request took longer than the server's timeout");
@@ -256,7 +280,7 @@ struct HttpServer::Impl {
               sink.done();
               return true;
             }
-            if (!write(st->resp->event(e))) return st->job->cancel(), false;
+            if (!write(st->resp->event(e))) return false;
           }
         },
         [st](bool success) {
@@ -291,6 +315,7 @@ struct HttpServer::Impl {
         g.kv_reserved_bytes = s.kv_reserved_bytes;
         g.prefix_cache_bytes = s.cache_bytes;
         g.prefix_cache_entries = s.cache_entries;
+        g.paused = s.paused;
       }
       r.set_content(metrics.render(g), "text/plain; version=0.0.4");
     });
@@ -299,7 +324,8 @@ struct HttpServer::Impl {
   void setup() {
     svr.set_payload_max_length(static_cast<size_t>(opt.max_body_bytes));
     svr.set_read_timeout(30, 0);
-    svr.set_write_timeout(30, 0);
+    // A client that takes no byte for this long is dropped (its job cancelled by the failed write).
+    svr.set_write_timeout(opt.stall_timeout_s, 0);
     const int threads = opt.http_threads > 0 ? opt.http_threads : opt.scheduler.max_batch + opt.scheduler.max_queue + 8;
     svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {

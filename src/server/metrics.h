@@ -34,7 +34,7 @@ class Metrics {
   void drafts(int64_t drafted, int64_t accepted);  // speculative decoding, per step
 
   struct Gauges {
-    int64_t queue_depth = 0, running = 0, kv_reserved_bytes = 0, prefix_cache_bytes = 0, prefix_cache_entries = 0;
+    int64_t queue_depth = 0, running = 0, kv_reserved_bytes = 0, prefix_cache_bytes = 0, prefix_cache_entries = 0, paused = 0;
   };
   std::string render(const Gauges& g) const;
 

@@ -31,6 +31,11 @@ bool Job::next(Event& e, std::chrono::milliseconds timeout) {
   return true;
 }
 
+size_t Job::backlog() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return events_.size();
+}
+
 Usage Job::usage() const {
   std::lock_guard<std::mutex> l(mu_);
   return usage_;
@@ -78,6 +83,7 @@ struct Scheduler::Active {
   int64_t max_positions = 0;
   int64_t promised = 0;                          // bytes reserved ahead for the forks
   bool prefilled = false;
+  bool paused = false;                           // this step: left out, its client not reading
   bool gone = false;                             // retired or failed: leaves after this step
 };
 
@@ -107,7 +113,7 @@ int Scheduler::queue_depth() const {
 
 int Scheduler::running() const { return running_; }
 
-Scheduler::Stats Scheduler::stats() const { return {kv_bytes_, cache_bytes_, cache_entries_}; }
+Scheduler::Stats Scheduler::stats() const { return {kv_bytes_, cache_bytes_, cache_entries_, paused_}; }
 
 void Scheduler::update_stats() {
   running_ = static_cast<int>(active_.size());
@@ -168,7 +174,11 @@ void Scheduler::loop() {
       std::lock_guard<std::mutex> l(mu_);
       waiting_.pop_front();
     }
-    if (!active_.empty()) step();
+    // Every running job paused: nothing to step until a client reads (or leaves) or a job comes.
+    if (!active_.empty() && !step()) {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait_for(l, std::chrono::milliseconds(5), [&] { return stop_ || !waiting_.empty(); });
+    }
   }
   for (auto& a : active_) a->job->push(Event::failed(Error("server shutting down", ErrorKind::ResourceExhausted)));
   active_.clear();
@@ -354,9 +364,16 @@ int64_t prefill_budget(const SchedulerOptions& o, int64_t decode_tokens) {
   return std::max<int64_t>(limit - decode_tokens, 32);
 }
 
-void Scheduler::step() {
+bool Scheduler::step() {
   // Cancelled jobs leave before the step: their sequences (and reservations) are freed now.
   std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->job->cancelled(); });
+  // Decided once per step, so a job is drafted for exactly when it is decoded.
+  int64_t paused = 0;
+  for (auto& a : active_) {
+    a->paused = a->prefilled && a->job->backlog() >= kPauseBacklog * a->choices.size();
+    paused += a->paused;
+  }
+  paused_ = paused;
   update_stats();
 
   std::vector<StepRequest> reqs;
@@ -371,7 +388,7 @@ void Scheduler::step() {
     std::vector<DraftRequest> dr;
     std::vector<Choice*> drafting;
     for (auto& a : active_)
-      if (a->prefilled && !a->gone)
+      if (a->prefilled && !a->gone && !a->paused)
         for (auto& c : a->choices) {
           c->drafts.clear();
           if (c->done) continue;
@@ -389,13 +406,13 @@ void Scheduler::step() {
               a->gone = true, a->job->push(Event::failed(e));
         std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->gone; });
         update_stats();
-        return;
+        return true;
       }
     }
   }
   int64_t decode_tokens = 0;
   for (auto& a : active_)
-    if (a->prefilled)
+    if (a->prefilled && !a->paused)
       for (auto& c : a->choices)
         if (!c->done) {
           reqs.push_back({&c->seq, {c->next}, Rows::Last});
@@ -418,7 +435,7 @@ void Scheduler::step() {
     slots.push_back({a.get(), a->choices[0].get(), end});
     budget -= n;
   }
-  if (reqs.empty()) return;
+  if (reqs.empty()) return false;
 
   const auto t0 = Clock::now();
   std::vector<StepResult> out;
@@ -433,7 +450,7 @@ void Scheduler::step() {
       if (!s.a->gone) s.a->gone = true, s.a->job->push(Event::failed(e));
     std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->gone; });
     update_stats();
-    return;
+    return true;
   }
   metrics_.step(static_cast<int64_t>(reqs.size()), prefill, std::chrono::duration<double>(Clock::now() - t0).count());
 
@@ -479,6 +496,7 @@ void Scheduler::step() {
       retire(*a), a->gone = true;
   std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->gone || a->job->cancelled(); });
   update_stats();
+  return true;
 }
 
 }  // namespace dsv4::server

@@ -20,7 +20,11 @@
 // the ones decoding without drafts makes, greedy or seeded: the same output, more per step when
 // the drafts are right.
 //
-// Results stream back through the Job: the HTTP thread waits on it for events.
+// Results stream back through the Job: the HTTP thread waits on it for events. A job whose
+// events pile up untaken (kPauseBacklog per choice: its HTTP thread is blocked writing to a
+// client that stopped reading) is paused: left out of the steps, holding its sequences, until
+// the backlog is taken or the client is dropped (the HTTP layer's stall timeout) and the job
+// cancelled. A slow reader is thereby paced, not cut off, and costs the other streams nothing.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -84,6 +88,10 @@ struct Event {
   }
 };
 
+// Untaken events per choice at which a job is paused (a step makes at most one Text event per
+// choice and token; a client that reads keeps its backlog near zero).
+constexpr size_t kPauseBacklog = 32;
+
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
 };
@@ -98,6 +106,9 @@ class Job {
   // The client went away (or gave up): the scheduler frees the job's sequences at the next step.
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
+  // Events pushed and not yet taken by next(): grows while the HTTP thread is blocked writing to
+  // a client that does not read.
+  size_t backlog() const;
   Usage usage() const;  // complete once Done was received
   // Seconds from submission to the first generated token (0 until then).
   double ttft() const;
@@ -141,7 +152,7 @@ class Scheduler {
   int queue_depth() const;
   int running() const;  // jobs being prefilled or decoded
   struct Stats {
-    int64_t kv_reserved_bytes, cache_bytes, cache_entries;
+    int64_t kv_reserved_bytes, cache_bytes, cache_entries, paused;
   };
   Stats stats() const;  // as of the last step (the engine is only read by the scheduler thread)
 
@@ -150,7 +161,7 @@ class Scheduler {
   struct Active;
   void loop();
   bool admit(const std::shared_ptr<Job>& job);
-  void step();
+  bool step();  // false when it ran nothing (every running job paused)
   void finish_choice(Active& a, Choice& c, const std::string& reason);
   void retire(Active& a);
   bool picks_in_step(const Active& a, const Choice& c) const;
@@ -168,7 +179,7 @@ class Scheduler {
   std::deque<std::shared_ptr<Job>> waiting_;
   std::vector<std::unique_ptr<Active>> active_;  // owned by the scheduler thread
   std::atomic<int> running_{0};
-  std::atomic<int64_t> kv_bytes_{0}, cache_bytes_{0}, cache_entries_{0};
+  std::atomic<int64_t> kv_bytes_{0}, cache_bytes_{0}, cache_entries_{0}, paused_{0};
   std::atomic<int> live_choices_{0};  // batch places taken (choices, forks to come included)
   void update_stats();
   bool stop_ = false;

@@ -158,6 +158,49 @@ test('a non-streaming request whose client leaves frees its capacity', async () 
   assert.match(srv.log(), /POST \/v1\/chat\/completions 499/);
 });
 
+test('a stream whose client stops reading is paused, then dropped after --stall-timeout', async () => {
+  // A raw connection that sends its request and never reads: once the socket buffers hold what
+  // they can (~64 KiB of send buffer plus the client's receive buffer), the writes block, the
+  // job's events pile up and the scheduler pauses it (no more steps); the write times out after
+  // --stall-timeout and the sequence is freed. Before, it ran to max_tokens with nobody reading.
+  // 20 log-probabilities per token make each event ~2 KB, so the buffers fill in ~150 tokens
+  // (the demo model decodes ~40 a second here).
+  const s = await startServer(['--stall-timeout', '2', '--ctx-size', '4096']);
+  try {
+    const max = 3000;
+    const body = JSON.stringify({ model: 'demo', messages: [{ role: 'user', content: 'tell me everything' }], max_tokens: max,
+                                  stream: true, logprobs: true, top_logprobs: 20 });
+    const sock = net.connect(Number(new URL(s.url).port), '127.0.0.1');
+    await new Promise((r) => sock.on('connect', r));
+    sock.pause();
+    sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    let paused = 0;
+    for (let i = 0; i < 600 && paused !== 1; ++i) {
+      await new Promise((r) => setTimeout(r, 50));
+      paused = await metric(s.url, 'dsv4_paused_requests');
+    }
+    assert.strictEqual(paused, 1, 'the stream was paused');
+    const steps = await metric(s.url, 'dsv4_steps_total');
+    assert.ok(steps < max, `paused after ${steps} steps, before max_tokens (${max})`);
+    let running = 1;
+    for (let i = 0; i < 200 && running > 0; ++i) {
+      await new Promise((r) => setTimeout(r, 50));
+      running = await metric(s.url, 'dsv4_running_sequences');
+    }
+    assert.strictEqual(running, 0, 'the stalled sequence was freed');
+    assert.ok(!sock.destroyed, 'the client was still connected');
+    assert.strictEqual(await metric(s.url, 'dsv4_steps_total'), steps, 'no step ran while it was paused');
+    assert.strictEqual(await metric(s.url, 'dsv4_kv_reserved_bytes'), 0);
+    assert.match(s.log(), /dropped the stream to 127\.0\.0\.1:\d+ \(\/v1\/chat\/completions\): it took no data for 2 s/);
+    sock.destroy();
+    // The server serves on.
+    const c = new OpenAI({ baseURL: s.base, apiKey: 'x', maxRetries: 0 });
+    assert.strictEqual((await c.chat.completions.create({ model: 'demo', ...ok })).choices.length, 1);
+  } finally {
+    await s.stop();
+  }
+});
+
 test('SIGTERM stops the server: exit status 0 and a line saying so', async () => {
   const s = await startServer();
   const { code, sig } = await s.stop();
