@@ -199,6 +199,7 @@ test('a stream whose client stops reading is paused, then dropped after --stall-
   } finally {
     await s.stop();
   }
+  await assert.rejects(startServer(['--stall-timeout', '0']), /--stall-timeout must be in \[1, 3600\]/);
 });
 
 test('SIGTERM stops the server: exit status 0 and a line saying so', async () => {
