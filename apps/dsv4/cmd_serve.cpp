@@ -26,6 +26,7 @@ int cmd_serve(const Args& a) {
   so.default_max_tokens = a.integer("max-tokens", 4096);
   so.timeout_s = static_cast<int>(a.integer("timeout", 600));
   so.stall_timeout_s = static_cast<int>(a.integer("stall-timeout", 30));
+  so.read_timeout_s = static_cast<int>(a.integer("read-timeout", 60));
   so.scheduler.draft = static_cast<int>(a.integer("draft", 0));
   so.quiet = a.flag("quiet");
   if (so.port < 0 || so.port > 65535) throw Usage("--port must be in [0, 65535]");
@@ -37,6 +38,7 @@ int cmd_serve(const Args& a) {
   if (so.default_max_tokens < 1) throw Usage("--max-tokens must be >= 1");
   if (so.timeout_s < 1) throw Usage("--timeout must be >= 1");
   if (so.stall_timeout_s < 1 || so.stall_timeout_s > 3600) throw Usage("--stall-timeout must be in [1, 3600]");
+  if (so.read_timeout_s < 1 || so.read_timeout_s > 3600) throw Usage("--read-timeout must be in [1, 3600]");
   if (so.scheduler.draft < 0 || so.scheduler.draft > kCheapRewind)
     throw Usage("--draft must be in [0, " + std::to_string(kCheapRewind) + "]");
   EngineOptions eo = engine_options(a, a.integer("ctx-size", 0));

@@ -170,6 +170,9 @@ Commands:
       --stall-timeout S  drop a client that takes no byte of its answer for S seconds
                          (default 30); a stream whose client stops reading is paused once
                          ~64 KiB of it wait to be sent, then dropped after S seconds
+      --read-timeout S   close a connection that sends no complete request within S seconds
+                         of opening (or of its previous answer; default 60), so clients that
+                         trickle requests cannot hold the server's threads
       --draft N          speculative decoding: the MTP block drafts N tokens (1..16) per
                          decoding stream and step, which the model verifies in the same step;
                          answers are identical to those without it (greedy or seeded); the

@@ -1,14 +1,9 @@
 #include "server/http_server.h"
 
-#include <dirent.h>
 #include <httplib.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <atomic>
-#include <cerrno>
-#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -16,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "server/connections.h"
 #include "server/response.h"
 #include "server/tool_calls.h"
 
@@ -54,48 +50,6 @@ ApiError api_error(const Error& e) {
   return ApiError(s, type, e.what());
 }
 
-int port_of(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
-  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
-  return -1;
-}
-
-// The socket of a request's connection, or -1. cpp-httplib 0.11 does not hand it to handlers, so
-// it is found among this process's descriptors by its two ends (a TCP connection is unique by
-// them). It stays valid while the handler runs: the handler's thread owns the connection.
-int connection_fd(const httplib::Request& req) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (const dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0') continue;
-    sockaddr_storage self{}, peer{};
-    socklen_t ls = sizeof self, lp = sizeof peer;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&self), &ls) != 0 ||
-        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &lp) != 0)
-      continue;
-    if (port_of(self) != req.local_port || port_of(peer) != req.remote_port) continue;
-    char host[NI_MAXHOST];
-    if (getnameinfo(reinterpret_cast<sockaddr*>(&peer), lp, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0 ||
-        req.remote_addr != host)
-      continue;
-    found = static_cast<int>(fd);
-    break;
-  }
-  closedir(dir);
-  return found;
-}
-
-// Whether the client closed its end (end of stream or a reset) without reading a byte of it:
-// a peek that does not wait. HTTP/1.1 clients do not half-close while awaiting an answer.
-bool peer_closed(int fd) {
-  char c;
-  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
 // SO_SNDBUF of an event stream's connection (Linux doubles it for its bookkeeping).
 constexpr int kStreamSendBuffer = 64 << 10;
 
@@ -113,6 +67,14 @@ struct HttpServer::Impl {
   std::atomic<bool> ready{false};
   httplib::Server svr;
   std::string model_name;
+  std::unique_ptr<RequestDeadline> deadline;  // from bind to after the listener's end
+
+  static Peer peer(const httplib::Request& req) { return {req.remote_addr, req.remote_port}; }
+  // The request is read and is being answered (the logger's leave ends it): exempt from the
+  // request deadline. Called by every handler, so a slow answer is never cut.
+  void busy(const httplib::Request& req) {
+    if (deadline) deadline->enter(peer(req));
+  }
 
   // The listener's end. cpp-httplib 0.11's Server::stop() does nothing until listen_after_bind
   // has marked the server running, and must not run twice: a stop that came first (a model that
@@ -156,6 +118,7 @@ struct HttpServer::Impl {
   }
 
   void generate(const httplib::Request& req, httplib::Response& res, Api api) {
+    busy(req);
     const bool anthropic = api == Api::Anthropic;
     if (!ready) return send_error(res, ApiError(503, "overloaded_error", "the model is loading"), anthropic);
     // Everything the streaming callback needs outlives this handler: shared.
@@ -199,7 +162,7 @@ struct HttpServer::Impl {
         const bool got = st->job->next(e, kCheck);
         if (Clock::now() - checked >= kCheck) {
           checked = Clock::now();
-          if (fd == -2) fd = connection_fd(req);
+          if (fd == -2) fd = connection_fd(req.local_port, peer(req));
           if (fd >= 0 && peer_closed(fd)) {
             st->job->cancel();
             // nginx's "client closed request": for the log line and /metrics, nobody reads it.
@@ -228,7 +191,7 @@ struct HttpServer::Impl {
     // job, see Scheduler) after ~kStreamSendBuffer of its answer rather than after the megabytes
     // a loopback or fast link autotunes to. An event stream needs little: at ~200 bytes a token
     // it holds hundreds of tokens, and the link's round trip is paid once per buffer, not per token.
-    if (const int fd = connection_fd(req); fd >= 0) {
+    if (const int fd = connection_fd(req.local_port, peer(req)); fd >= 0) {
       const int bytes = kStreamSendBuffer;
       setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
     }
@@ -292,12 +255,14 @@ struct HttpServer::Impl {
     svr.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Api::OpenAiChat); });
     svr.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Api::OpenAiCompletion); });
     svr.Post("/v1/messages", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Api::Anthropic); });
-    svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
+    svr.Get("/v1/models", [this](const httplib::Request& q, httplib::Response& r) {
+      busy(q);
       ojson m = {{"id", model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "dsv4"}};
       if (ready) m["context_length"] = engine->info().context;
       r.set_content(ojson{{"object", "list"}, {"data", ojson::array({m})}}.dump(), "application/json");
     });
-    svr.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
+    svr.Get("/health", [this](const httplib::Request& q, httplib::Response& r) {
+      busy(q);
       if (!ready) {
         r.status = 503;
         r.set_content(R"({"status":"loading"})", "application/json");
@@ -306,7 +271,8 @@ struct HttpServer::Impl {
       r.set_content(ojson{{"status", "ok"}, {"queue_depth", sched->queue_depth()}, {"running", sched->running()}}.dump(),
                     "application/json");
     });
-    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
+    svr.Get("/metrics", [this](const httplib::Request& q, httplib::Response& r) {
+      busy(q);
       Metrics::Gauges g;
       if (ready) {
         g.queue_depth = sched->queue_depth();
@@ -330,6 +296,7 @@ struct HttpServer::Impl {
     svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (req.path.rfind("/v1/", 0) == 0 && !authorized(req)) {
+        busy(req);
         send_error(res, ApiError(401, "authentication_error", "a valid API key is required (Authorization: Bearer KEY or x-api-key)"),
                    req.path == "/v1/messages");
         return httplib::Server::HandlerResponse::Handled;
@@ -360,6 +327,7 @@ struct HttpServer::Impl {
       send_error(res, ApiError(500, "server_error", what), req.path == "/v1/messages");
     });
     svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      if (deadline) deadline->leave(peer(req));
       metrics.request_done(req.path, res.status);
       if (opt.quiet) return;
       std::fprintf(stderr, "%s %s %d %s\n", req.method.c_str(), req.path.c_str(), res.status, req.remote_addr.c_str());
@@ -390,6 +358,7 @@ void HttpServer::run(const std::function<void(int)>& ready, const std::function<
   } else if (!m.svr.bind_to_port(m.opt.host, port)) {
     throw Error("cannot listen on " + m.opt.host + ":" + std::to_string(port) + " (in use, or not an address of this machine)");
   }
+  m.deadline = std::make_unique<RequestDeadline>(port, std::chrono::seconds(m.opt.read_timeout_s), m.opt.quiet);
   // Named before the listener starts: /v1/models answers while the model loads.
   m.model_name = m.opt.model_name.empty() ? std::filesystem::path(m.engine_opt.model_dir).filename().string() : m.opt.model_name;
   if (m.model_name.empty()) m.model_name = "dsv4";
@@ -406,6 +375,7 @@ void HttpServer::run(const std::function<void(int)>& ready, const std::function<
     m.sched = std::make_unique<Scheduler>(*m.engine, m.opt.scheduler, m.metrics);
   } catch (...) {
     m.end_listener(listener);
+    m.deadline.reset();
     throw;
   }
   m.ready = true;
@@ -415,6 +385,7 @@ void HttpServer::run(const std::function<void(int)>& ready, const std::function<
     m.cv.wait(l, [&] { return m.stop_requested || m.listener_done; });
   }
   m.end_listener(listener);
+  m.deadline.reset();
   m.ready = false;
   m.sched.reset();  // fails what is still queued or running
 }

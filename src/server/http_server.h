@@ -29,6 +29,7 @@ struct ServerOptions {
   int64_t max_body_bytes = 8 << 20;
   int timeout_s = 600;              // a request still running after this is cancelled
   int stall_timeout_s = 30;         // a client that takes no byte of its answer for this long is dropped
+  int read_timeout_s = 60;          // a connection that sends no complete request in this long is closed
   int http_threads = 0;             // 0 = enough for max_batch streams plus the queue
   bool quiet = false;               // no per-request log lines
 };

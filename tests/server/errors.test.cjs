@@ -202,6 +202,52 @@ test('a stream whose client stops reading is paused, then dropped after --stall-
   await assert.rejects(startServer(['--stall-timeout', '0']), /--stall-timeout must be in \[1, 3600\]/);
 });
 
+test('clients that trickle their requests are closed after --read-timeout; answers that take longer are not', async () => {
+  // cpp-httplib serves a connection per thread of a fixed pool (here 2 + 1 + 8 = 11) and bounds
+  // only each read: 15 clients sending a header byte every 300 ms held every thread, and /health
+  // went unanswered, for as long as they went on. Now each is closed ~2 s after it opened.
+  const s = await startServer(['--read-timeout', '2', '--max-batch', '2', '--max-queue', '1', '--ctx-size', '4096']);
+  const socks = [];
+  let timer;
+  try {
+    const c = new OpenAI({ baseURL: s.base, apiKey: 'x', maxRetries: 0 });
+    // A stream that runs longer than the deadline (~200 tokens at the demo model's ~40-100 a
+    // second here) is an answer in progress, never cut. Its first chunk is awaited: a connection
+    // still waiting for a thread when the others hold them all counts as not having sent its
+    // request (it is closed at the deadline too).
+    const stream = await c.chat.completions.create({ model: 'demo', messages: [{ role: 'user', content: 'a long story' }], max_tokens: 200, stream: true });
+    const it = stream[Symbol.asyncIterator]();
+    const first = await it.next();
+    const finish = (async () => {  // the stream's finish_reason, read on meanwhile
+      let reason = null;
+      for (let r = first; !r.done; r = await it.next()) for (const ch of r.value.choices) reason = ch.finish_reason || reason;
+      return reason;
+    })();
+    const closed = [];
+    for (let i = 0; i < 15; ++i) {
+      const sock = net.connect(Number(new URL(s.url).port), '127.0.0.1');
+      closed.push(new Promise((r) => sock.on('close', r)));
+      sock.on('error', () => {});
+      sock.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n');
+      socks.push(sock);
+    }
+    timer = setInterval(() => { for (const sock of socks) if (!sock.destroyed) sock.write('X'); }, 300);
+    const t0 = Date.now();
+    const health = await (await fetch(s.url + '/health')).json();
+    assert.strictEqual(health.status, 'ok');
+    await Promise.race([Promise.all(closed), new Promise((_, no) => setTimeout(() => no(new Error('trickling clients still open after 15 s')), 15000))]);
+    assert.ok(Date.now() - t0 >= 1000, 'not closed before the deadline');
+    assert.strictEqual(await finish, 'length', 'the long answer ran to its end');
+    assert.match(s.log(), /closed the connection from 127\.0\.0\.1:\d+: no complete request within 2 s/);
+    assert.strictEqual((await c.chat.completions.create({ model: 'demo', ...ok })).choices.length, 1);
+  } finally {
+    clearInterval(timer);
+    for (const sock of socks) sock.destroy();
+    await s.stop();
+  }
+  await assert.rejects(startServer(['--read-timeout', '0']), /--read-timeout must be in \[1, 3600\]/);
+});
+
 test('SIGTERM stops the server: exit status 0 and a line saying so', async () => {
   const s = await startServer();
   const { code, sig } = await s.stop();

@@ -1,0 +1,134 @@
+#include "server/connections.h"
+
+#include <dirent.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace dsv4::server {
+
+namespace {
+
+int port_of(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+  return -1;
+}
+
+// The peer of socket fd if its local port is `port` and it is connected.
+bool peer_of(int fd, int port, Peer& out) {
+  sockaddr_storage self{}, peer{};
+  socklen_t ls = sizeof self, lp = sizeof peer;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&self), &ls) != 0 || port_of(self) != port ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &lp) != 0)
+    return false;
+  char host[NI_MAXHOST];
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&peer), lp, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) return false;
+  out = {host, port_of(peer)};
+  return true;
+}
+
+}  // namespace
+
+void for_each_connection(int port, const std::function<void(int, const Peer&)>& fn) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return;
+  std::vector<int> fds;
+  while (const dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end != e->d_name && *end == '\0' && fd != dirfd(dir)) fds.push_back(static_cast<int>(fd));
+  }
+  closedir(dir);
+  Peer p;
+  for (const int fd : fds)
+    if (peer_of(fd, port, p)) fn(fd, p);
+}
+
+int connection_fd(int port, const Peer& peer) {
+  int found = -1;
+  for_each_connection(port, [&](int fd, const Peer& p) {
+    if (found < 0 && p == peer) found = fd;
+  });
+  return found;
+}
+
+bool peer_closed(int fd) {
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+RequestDeadline::RequestDeadline(int port, std::chrono::seconds limit, bool quiet)
+    : port_(port), limit_(limit), quiet_(quiet), thread_([this] { loop(); }) {}
+
+RequestDeadline::~RequestDeadline() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void RequestDeadline::enter(const Peer& p) {
+  std::lock_guard<std::mutex> l(mu_);
+  busy_[p] = epoch_;
+}
+
+void RequestDeadline::leave(const Peer& p) {
+  std::lock_guard<std::mutex> l(mu_);
+  busy_.erase(p);
+  since_[p] = Clock::now();
+}
+
+void RequestDeadline::loop() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!cv_.wait_for(l, std::chrono::seconds(1), [&] { return stop_; })) {
+    l.unlock();
+    scan();
+    l.lock();
+  }
+}
+
+void RequestDeadline::scan() {
+  uint64_t epoch;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    epoch = ++epoch_;
+  }
+  std::map<Peer, int> live;
+  for_each_connection(port_, [&](int fd, const Peer& p) { live[p] = fd; });
+  const auto now = Clock::now();
+  std::vector<std::pair<int, Peer>> late;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    // Connections gone since: forgotten. A mark made after the listing began (a connection too
+    // new to be listed) stays.
+    std::erase_if(busy_, [&](const auto& b) { return b.second < epoch && !live.count(b.first); });
+    std::erase_if(since_, [&](const auto& s) { return !live.count(s.first); });
+    for (const auto& [p, fd] : live) {
+      if (busy_.count(p)) continue;
+      const auto it = since_.try_emplace(p, now).first;
+      if (now - it->second >= limit_) late.push_back({fd, p}), since_.erase(it);
+    }
+  }
+  for (const auto& [fd, p] : late) {
+    // The descriptor may have been closed and reused since it was listed: only the same
+    // connection is shut (shutdown, not close: the descriptor stays cpp-httplib's, whose blocked
+    // read ends and which closes it).
+    Peer now_p;
+    if (!peer_of(fd, port_, now_p) || !(now_p == p)) continue;
+    shutdown(fd, SHUT_RDWR);
+    if (!quiet_)
+      std::fprintf(stderr, "dsv4 serve: closed the connection from %s:%d: no complete request within %lld s\n", p.addr.c_str(),
+                   p.port, static_cast<long long>(limit_.count()));
+  }
+}
+
+}  // namespace dsv4::server

@@ -1,0 +1,61 @@
+#pragma once
+// The server's TCP connections seen from outside cpp-httplib, which (0.11) hands its handlers no
+// socket: they are found among this process's descriptors by their two ends (a TCP connection is
+// unique by them).
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace dsv4::server {
+
+struct Peer {
+  std::string addr;  // numeric, as cpp-httplib's Request::remote_addr
+  int port = -1;
+  bool operator<(const Peer& o) const { return port != o.port ? port < o.port : addr < o.addr; }
+  bool operator==(const Peer& o) const { return port == o.port && addr == o.addr; }
+};
+
+// Calls fn(fd, peer) for every connected TCP socket of this process whose local port is `port`.
+void for_each_connection(int port, const std::function<void(int fd, const Peer& peer)>& fn);
+// The socket of the connection between local `port` and `peer`, or -1. It stays valid while the
+// handler of a request on it runs: the handler's thread owns the connection.
+int connection_fd(int port, const Peer& peer);
+// Whether the client closed its end (end of stream or a reset) without reading a byte of it: a
+// peek that does not wait. HTTP/1.1 clients do not half-close while awaiting an answer.
+bool peer_closed(int fd);
+
+// Closes connections on which no complete request arrived within `limit` of their start or of
+// their previous answer. cpp-httplib serves each connection on a thread of a fixed pool and
+// bounds only the wait for each read, so without this, clients that trickle a request a byte at a
+// time hold those threads for as long as they like and the server stops answering. A connection
+// is busy (exempt) from its handler's start (enter, once the request is read) to the end of its
+// answer (leave); the others are checked once a second, so the limit holds to about a second.
+class RequestDeadline {
+ public:
+  RequestDeadline(int port, std::chrono::seconds limit, bool quiet);
+  ~RequestDeadline();
+  void enter(const Peer& p);
+  void leave(const Peer& p);
+
+ private:
+  void loop();
+  void scan();
+  using Clock = std::chrono::steady_clock;
+  const int port_;
+  const std::chrono::seconds limit_;
+  const bool quiet_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  uint64_t epoch_ = 0;                       // scans started; a busy mark records the epoch of its enter
+  std::map<Peer, uint64_t> busy_;
+  std::map<Peer, Clock::time_point> since_;  // not busy since
+  std::thread thread_;
+};
+
+}  // namespace dsv4::server
