@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -114,6 +115,13 @@ void RequestDeadline::scan() {
     std::erase_if(since_, [&](const auto& s) { return !live.count(s.first); });
     for (const auto& [p, fd] : live) {
       if (busy_.count(p)) continue;
+      // Bytes that wait unread: the connection waits for a thread (every one is taken), which
+      // does not count. The clock starts when one reads it.
+      int unread = 0;
+      if (ioctl(fd, FIONREAD, &unread) == 0 && unread > 0) {
+        since_[p] = now;
+        continue;
+      }
       const auto it = since_.try_emplace(p, now).first;
       if (now - it->second >= limit_) late.push_back({fd, p}), since_.erase(it);
     }

@@ -35,6 +35,8 @@ bool peer_closed(int fd);
 // time hold those threads for as long as they like and the server stops answering. A connection
 // is busy (exempt) from its handler's start (enter, once the request is read) to the end of its
 // answer (leave); the others are checked once a second, so the limit holds to about a second.
+// A connection accepted while every thread is taken waits in cpp-httplib's queue with its bytes
+// unread: its clock starts when a thread reads them.
 class RequestDeadline {
  public:
   RequestDeadline(int port, std::chrono::seconds limit, bool quiet);

@@ -212,9 +212,8 @@ test('clients that trickle their requests are closed after --read-timeout; answe
   try {
     const c = new OpenAI({ baseURL: s.base, apiKey: 'x', maxRetries: 0 });
     // A stream that runs longer than the deadline (~200 tokens at the demo model's ~40-100 a
-    // second here) is an answer in progress, never cut. Its first chunk is awaited: a connection
-    // still waiting for a thread when the others hold them all counts as not having sent its
-    // request (it is closed at the deadline too).
+    // second here) is an answer in progress, never cut. Its first chunk is awaited, so that it is
+    // running before the trickling clients come.
     const stream = await c.chat.completions.create({ model: 'demo', messages: [{ role: 'user', content: 'a long story' }], max_tokens: 200, stream: true });
     const it = stream[Symbol.asyncIterator]();
     const first = await it.next();
@@ -232,6 +231,8 @@ test('clients that trickle their requests are closed after --read-timeout; answe
       socks.push(sock);
     }
     timer = setInterval(() => { for (const sock of socks) if (!sock.destroyed) sock.write('X'); }, 300);
+    // Sent behind them, while they hold every thread: it waits, unread, and its clock does not
+    // run meanwhile; answered once they are closed.
     const t0 = Date.now();
     const health = await (await fetch(s.url + '/health')).json();
     assert.strictEqual(health.status, 'ok');
