@@ -88,7 +88,7 @@ std::string Metrics::render(const Gauges& g) const {
   counter("dsv4_draft_tokens_total", "Tokens the MTP block drafted (serve --draft).", drafted_);
   counter("dsv4_draft_accepted_tokens_total", "Drafted tokens the model confirmed.", accepted_);
   gauge("dsv4_queue_depth", "Requests waiting for admission.", g.queue_depth);
-  gauge("dsv4_running_sequences", "Choices being prefilled or decoded.", g.running);
+  gauge("dsv4_running_sequences", "Requests being prefilled or decoded (the n choices of one count once).", g.running);
   gauge("dsv4_paused_requests", "Running requests left out of the steps: their client has not taken their output.", g.paused);
   gauge("dsv4_kv_reserved_bytes", "Cache bytes reserved by live sequences.", g.kv_reserved_bytes);
   gauge("dsv4_prefix_cache_bytes", "Bytes charged to prefix-cache snapshots.", g.prefix_cache_bytes);
