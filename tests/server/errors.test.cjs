@@ -165,7 +165,10 @@ test('a stream whose client stops reading is paused, then dropped after --stall-
   // --stall-timeout and the sequence is freed. Before, it ran to max_tokens with nobody reading.
   // 20 log-probabilities per token make each event ~2 KB, so the buffers fill in ~150 tokens
   // (the demo model decodes ~40 a second here).
-  const s = await startServer(['--stall-timeout', '2', '--ctx-size', '4096']);
+  // The stall timeout must outlast the 32 events that pause the job: ~1 s of decoding in the
+  // Release build, ~2-4 s in the sanitizer tier's (with 2 s there, the write timed out first and
+  // the job was dropped without pausing).
+  const s = await startServer(['--stall-timeout', '6', '--ctx-size', '4096']);
   try {
     const max = 3000;
     const body = JSON.stringify({ model: 'demo', messages: [{ role: 'user', content: 'tell me everything' }], max_tokens: max,
@@ -175,7 +178,8 @@ test('a stream whose client stops reading is paused, then dropped after --stall-
     sock.pause();
     sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
     let paused = 0;
-    for (let i = 0; i < 600 && paused !== 1; ++i) {
+    // ~150 tokens take ~4 s in the Release build, ~35 s in the sanitizer tier's.
+    for (const end = Date.now() + 240000; paused !== 1 && Date.now() < end;) {
       await new Promise((r) => setTimeout(r, 50));
       paused = await metric(s.url, 'dsv4_paused_requests');
     }
@@ -183,7 +187,7 @@ test('a stream whose client stops reading is paused, then dropped after --stall-
     const steps = await metric(s.url, 'dsv4_steps_total');
     assert.ok(steps < max, `paused after ${steps} steps, before max_tokens (${max})`);
     let running = 1;
-    for (let i = 0; i < 200 && running > 0; ++i) {
+    for (const end = Date.now() + 20000; running > 0 && Date.now() < end;) {
       await new Promise((r) => setTimeout(r, 50));
       running = await metric(s.url, 'dsv4_running_sequences');
     }
@@ -191,7 +195,7 @@ test('a stream whose client stops reading is paused, then dropped after --stall-
     assert.ok(!sock.destroyed, 'the client was still connected');
     assert.strictEqual(await metric(s.url, 'dsv4_steps_total'), steps, 'no step ran while it was paused');
     assert.strictEqual(await metric(s.url, 'dsv4_kv_reserved_bytes'), 0);
-    assert.match(s.log(), /dropped the stream to 127\.0\.0\.1:\d+ \(\/v1\/chat\/completions\): it took no data for 2 s/);
+    assert.match(s.log(), /dropped the stream to 127\.0\.0\.1:\d+ \(\/v1\/chat\/completions\): it took no data for 6 s/);
     sock.destroy();
     // The server serves on.
     const c = new OpenAI({ baseURL: s.base, apiKey: 'x', maxRetries: 0 });
