@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "server/scheduler.h"
@@ -26,21 +27,26 @@ TEST(SchedulerBudget, SmallerWhileDecoding) {
   EXPECT_EQ(prefill_budget(o, 0), 32);
 }
 
-// A job whose events nobody takes is paused (left out of the steps, its sequence kept) once
-// kPauseBacklog of them wait, and resumes when they are taken: the answer is the one an eagerly
-// read job gets, token for token (greedy), and no step runs while it is paused.
-TEST(SchedulerPause, UntakenEventsPauseTheJobAndTakingThemResumesIt) {
-  const std::string t = tokenizer_dir() + "/tokenizer.json";
-  if (!std::filesystem::exists(t)) GTEST_SKIP() << "no " << t << " (scripts/test.sh fetches it)";
-  Engine engine({.model_dir = golden_dir("tiny-native") + "/model", .tokenizer = t});
-  Metrics metrics;
-  Scheduler sched(engine, SchedulerOptions{}, metrics);
-  GenParams p;
-  p.prompt = {5, 17, 99, 3, 42};
-  p.max_tokens = 3 * static_cast<int64_t>(kPauseBacklog);
-  p.sampling.temperature = 0;
-  // Every Text event's ids, up to Finish; false when Done or Failed came first or nothing came.
-  auto drain = [](Job& job, std::vector<int32_t>& ids, std::string& finish) {
+// Pausing a job whose client does not take its output (Scheduler, kPauseBacklog and
+// kPauseBlocked), on the tiny golden model: a paused job makes no events, and once its client
+// takes them it resumes with the answer an eagerly read job gets, token for token (greedy).
+class SchedulerPause : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string t = tokenizer_dir() + "/tokenizer.json";
+    if (!std::filesystem::exists(t)) GTEST_SKIP() << "no " << t << " (scripts/test.sh fetches it)";
+    engine_ = std::make_unique<Engine>(EngineOptions{.model_dir = golden_dir("tiny-native") + "/model", .tokenizer = t});
+    sched_ = std::make_unique<Scheduler>(*engine_, SchedulerOptions{}, metrics_);
+    p_.prompt = {5, 17, 99, 3, 42};
+    p_.max_tokens = 3 * static_cast<int64_t>(kPauseBacklog);
+    p_.sampling.temperature = 0;
+    auto eager = std::make_shared<Job>(p_);
+    sched_->submit(eager);
+    ASSERT_TRUE(drain(*eager, want_, want_finish_));
+    ASSERT_GT(want_.size(), kPauseBacklog) << "the answer must be long enough to pause (" << want_finish_ << ")";
+  }
+  // Every Text event's ids, up to Done; false when Failed came or nothing did.
+  static bool drain(Job& job, std::vector<int32_t>& ids, std::string& finish) {
     Event e;
     while (job.next(e, std::chrono::seconds(30))) {
       if (e.kind == Event::Failed) return false;
@@ -49,21 +55,30 @@ TEST(SchedulerPause, UntakenEventsPauseTheJobAndTakingThemResumesIt) {
       if (e.kind == Event::Done) return true;
     }
     return false;
-  };
-  auto eager = std::make_shared<Job>(p);
-  sched.submit(eager);
-  std::vector<int32_t> want;
-  std::string want_finish;
-  ASSERT_TRUE(drain(*eager, want, want_finish));
-  ASSERT_GT(want.size(), kPauseBacklog) << "the answer must be long enough to pause (" << want_finish << ")";
+  }
+  // Waits (while `meanwhile` runs) until the scheduler reports a paused job.
+  bool wait_paused(const std::function<void()>& meanwhile = [] {}) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (sched_->stats().paused == 0 && std::chrono::steady_clock::now() < deadline) {
+      meanwhile();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return sched_->stats().paused == 1;
+  }
+  Metrics metrics_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Scheduler> sched_;
+  GenParams p_;
+  std::vector<int32_t> want_;
+  std::string want_finish_;
+};
 
-  auto idle = std::make_shared<Job>(p);
-  sched.submit(idle);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (sched.stats().paused == 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_EQ(sched.stats().paused, 1);
-  EXPECT_EQ(sched.running(), 1);  // paused, not freed
+// Nobody takes the events: paused once kPauseBacklog of them wait.
+TEST_F(SchedulerPause, UntakenEventsPauseTheJobAndTakingThemResumesIt) {
+  auto idle = std::make_shared<Job>(p_);
+  sched_->submit(idle);
+  ASSERT_TRUE(wait_paused());
+  EXPECT_EQ(sched_->running(), 1);  // paused, not freed
   const size_t backlog = idle->backlog();
   EXPECT_GE(backlog, kPauseBacklog);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -72,7 +87,36 @@ TEST(SchedulerPause, UntakenEventsPauseTheJobAndTakingThemResumesIt) {
   std::vector<int32_t> got;
   std::string got_finish;
   ASSERT_TRUE(drain(*idle, got, got_finish));
-  EXPECT_EQ(got, want);
-  EXPECT_EQ(got_finish, want_finish);
-  EXPECT_EQ(sched.stats().paused, 0);
+  EXPECT_EQ(got, want_);
+  EXPECT_EQ(got_finish, want_finish_);
+  EXPECT_EQ(sched_->stats().paused, 0);
+}
+
+// A write to the client is blocked (its buffers full) while the events are taken as they come:
+// paused once the write has been blocked for kPauseBlocked, with no backlog, however slowly the
+// model decodes. (The tiny model decodes the whole answer in less than kPauseBlocked, so the
+// write is blocked before the job starts: it pauses right after its prompt.)
+TEST_F(SchedulerPause, ABlockedWritePausesTheJob) {
+  auto job = std::make_shared<Job>(p_);
+  job->write_begin();
+  std::this_thread::sleep_for(kPauseBlocked + std::chrono::milliseconds(50));
+  sched_->submit(job);
+  std::vector<int32_t> got;
+  std::string got_finish;
+  Event e;
+  auto take = [&] {
+    while (job->next(e, std::chrono::milliseconds(0))) got.insert(got.end(), e.ids.begin(), e.ids.end());
+  };
+  ASSERT_TRUE(wait_paused(take));
+  take();
+  const size_t before = got.size();
+  EXPECT_LT(before, kPauseBacklog) << "paused for the blocked write, not for a backlog";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  take();
+  EXPECT_EQ(got.size(), before) << "a paused job made events";
+
+  job->write_end();
+  ASSERT_TRUE(drain(*job, got, got_finish));
+  EXPECT_EQ(got, want_);
+  EXPECT_EQ(got_finish, want_finish_);
 }

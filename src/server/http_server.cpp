@@ -207,7 +207,10 @@ struct HttpServer::Impl {
           auto write = [&](const std::string& s) {
             if (s.empty()) return true;
             const auto t = Clock::now();
-            if (sink.write(s.data(), s.size())) return true;
+            st->job->write_begin();
+            const bool ok = sink.write(s.data(), s.size());
+            st->job->write_end();
+            if (ok) return true;
             st->job->cancel();
             if (!quiet && Clock::now() - t >= std::chrono::seconds(stall_s))
               std::fprintf(stderr, "dsv4 serve: dropped the stream to %s: it took no data for %d s\n", who.c_str(), stall_s);

@@ -36,6 +36,12 @@ size_t Job::backlog() const {
   return events_.size();
 }
 
+std::chrono::nanoseconds Job::blocked_for() const {
+  const int64_t t = write_begin_ns_;
+  if (t == 0) return std::chrono::nanoseconds(0);
+  return std::chrono::nanoseconds(std::chrono::steady_clock::now().time_since_epoch().count() - t);
+}
+
 Usage Job::usage() const {
   std::lock_guard<std::mutex> l(mu_);
   return usage_;
@@ -370,7 +376,7 @@ bool Scheduler::step() {
   // Decided once per step, so a job is drafted for exactly when it is decoded.
   int64_t paused = 0;
   for (auto& a : active_) {
-    a->paused = a->prefilled && a->job->backlog() >= kPauseBacklog * a->choices.size();
+    a->paused = a->prefilled && (a->job->blocked_for() >= kPauseBlocked || a->job->backlog() >= kPauseBacklog * a->choices.size());
     paused += a->paused;
   }
   paused_ = paused;

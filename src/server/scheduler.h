@@ -21,10 +21,10 @@
 // the drafts are right.
 //
 // Results stream back through the Job: the HTTP thread waits on it for events. A job whose
-// events pile up untaken (kPauseBacklog per choice: its HTTP thread is blocked writing to a
-// client that stopped reading) is paused: left out of the steps, holding its sequences, until
-// the backlog is taken or the client is dropped (the HTTP layer's stall timeout) and the job
-// cancelled. A slow reader is thereby paced, not cut off, and costs the other streams nothing.
+// client is not taking its output (a write blocked for kPauseBlocked, or kPauseBacklog events
+// per choice untaken) is paused: left out of the steps, holding its sequences, until the client
+// takes it or is dropped (the HTTP layer's stall timeout) and the job cancelled. A slow reader
+// is thereby paced, not cut off, and costs the other streams nothing.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -88,9 +88,13 @@ struct Event {
   }
 };
 
-// Untaken events per choice at which a job is paused (a step makes at most one Text event per
-// choice and token; a client that reads keeps its backlog near zero).
+// A job is paused when its client has had a write blocked for kPauseBlocked (its buffers are
+// full: more decoding would only queue), or when kPauseBacklog untaken events per choice wait
+// (a step makes at most one Text event per choice and token; a client that reads keeps its
+// backlog near zero). The first catches a stopped reader within a step or so however slowly the
+// model decodes; the second paces an HTTP thread that falls behind for any reason.
 constexpr size_t kPauseBacklog = 32;
+constexpr std::chrono::milliseconds kPauseBlocked{250};
 
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
@@ -109,6 +113,12 @@ class Job {
   // Events pushed and not yet taken by next(): grows while the HTTP thread is blocked writing to
   // a client that does not read.
   size_t backlog() const;
+  // Around each write of the job's output to its client (streams): a write that does not
+  // return at once means the socket buffers are full, the client is not reading.
+  void write_begin() { write_begin_ns_ = std::chrono::steady_clock::now().time_since_epoch().count(); }
+  void write_end() { write_begin_ns_ = 0; }
+  // How long the current write has been blocked (0 when none is under way).
+  std::chrono::nanoseconds blocked_for() const;
   Usage usage() const;  // complete once Done was received
   // Seconds from submission to the first generated token (0 until then).
   double ttft() const;
@@ -120,6 +130,7 @@ class Job {
   std::condition_variable cv_;
   std::deque<Event> events_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<int64_t> write_begin_ns_{0};
   Usage usage_;
   std::chrono::steady_clock::time_point submitted_ = std::chrono::steady_clock::now();
   double ttft_ = 0;

@@ -160,15 +160,14 @@ test('a non-streaming request whose client leaves frees its capacity', async () 
 
 test('a stream whose client stops reading is paused, then dropped after --stall-timeout', async () => {
   // A raw connection that sends its request and never reads: once the socket buffers hold what
-  // they can (~64 KiB of send buffer plus the client's receive buffer), the writes block, the
-  // job's events pile up and the scheduler pauses it (no more steps); the write times out after
-  // --stall-timeout and the sequence is freed. Before, it ran to max_tokens with nobody reading.
-  // 20 log-probabilities per token make each event ~2 KB, so the buffers fill in ~150 tokens
-  // (the demo model decodes ~40 a second here).
-  // The stall timeout must outlast the 32 events that pause the job: ~1 s of decoding in the
-  // Release build, ~2-4 s in the sanitizer tier's (with 2 s there, the write timed out first and
-  // the job was dropped without pausing).
-  const s = await startServer(['--stall-timeout', '6', '--ctx-size', '4096']);
+  // they can (~64 KiB of send buffer plus the client's receive buffer), the writes block and,
+  // 250 ms into the blocked write (kPauseBlocked), the scheduler pauses the job (no more steps);
+  // the write times out after --stall-timeout and the sequence is freed. Before, it ran to
+  // max_tokens with nobody reading. 20 log-probabilities per token make each event ~2 KB, so the
+  // buffers fill in ~150 tokens (the demo model decodes ~40 a second here). (A first version
+  // paused only at 32 untaken events: ~2-4 s of decoding in the sanitizer build, so with a 2 s
+  // timeout the job was dropped there without pausing.)
+  const s = await startServer(['--stall-timeout', '3', '--ctx-size', '4096']);
   try {
     const max = 3000;
     const body = JSON.stringify({ model: 'demo', messages: [{ role: 'user', content: 'tell me everything' }], max_tokens: max,
@@ -195,7 +194,7 @@ test('a stream whose client stops reading is paused, then dropped after --stall-
     assert.ok(!sock.destroyed, 'the client was still connected');
     assert.strictEqual(await metric(s.url, 'dsv4_steps_total'), steps, 'no step ran while it was paused');
     assert.strictEqual(await metric(s.url, 'dsv4_kv_reserved_bytes'), 0);
-    assert.match(s.log(), /dropped the stream to 127\.0\.0\.1:\d+ \(\/v1\/chat\/completions\): it took no data for 6 s/);
+    assert.match(s.log(), /dropped the stream to 127\.0\.0\.1:\d+ \(\/v1\/chat\/completions\): it took no data for 3 s/);
     sock.destroy();
     // The server serves on.
     const c = new OpenAI({ baseURL: s.base, apiKey: 'x', maxRetries: 0 });
