@@ -39,8 +39,7 @@ bool peer_closed(int fd);
 // unread: its clock starts when a thread reads them.
 class RequestDeadline {
  public:
-  // on_close runs (on the deadline's thread) for each connection it closes.
-  RequestDeadline(int port, std::chrono::seconds limit, bool quiet, std::function<void()> on_close = {});
+  RequestDeadline(int port, std::chrono::seconds limit, bool quiet);
   ~RequestDeadline();
   void enter(const Peer& p);
   void leave(const Peer& p);
@@ -52,7 +51,6 @@ class RequestDeadline {
   const int port_;
   const std::chrono::seconds limit_;
   const bool quiet_;
-  const std::function<void()> on_close_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
