@@ -169,7 +169,7 @@ Commands:
       --timeout S        cancel a request running longer than S seconds (default 600)
       --stall-timeout S  drop a client that takes no byte of its answer for S seconds
                          (default 30); a stream whose client stops reading is paused once
-                         ~64 KiB of it wait to be sent, then dropped after S seconds
+                         the socket buffers are full, then dropped after S seconds
       --read-timeout S   close a connection that sends no complete request within S seconds
                          of opening (or of its previous answer; default 60), so clients that
                          trickle requests cannot hold the server's threads
