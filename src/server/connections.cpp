@@ -65,8 +65,8 @@ bool peer_closed(int fd) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-RequestDeadline::RequestDeadline(int port, std::chrono::seconds limit, bool quiet)
-    : port_(port), limit_(limit), quiet_(quiet), thread_([this] { loop(); }) {}
+RequestDeadline::RequestDeadline(int port, std::chrono::seconds limit, bool quiet, std::function<void()> on_close)
+    : port_(port), limit_(limit), quiet_(quiet), on_close_(std::move(on_close)), thread_([this] { loop(); }) {}
 
 RequestDeadline::~RequestDeadline() {
   {
@@ -132,6 +132,7 @@ void RequestDeadline::scan() {
     // read ends and which closes it).
     Peer now_p;
     if (!peer_of(fd, port_, now_p) || !(now_p == p)) continue;
+    if (on_close_) on_close_();  // first: whoever sees the connection end sees it counted
     shutdown(fd, SHUT_RDWR);
     if (!quiet_)
       std::fprintf(stderr, "dsv4 serve: closed the connection from %s:%d: no complete request within %lld s\n", p.addr.c_str(),

@@ -39,7 +39,8 @@ bool peer_closed(int fd);
 // unread: its clock starts when a thread reads them.
 class RequestDeadline {
  public:
-  RequestDeadline(int port, std::chrono::seconds limit, bool quiet);
+  // on_close runs (on the deadline's thread) for each connection it closes.
+  RequestDeadline(int port, std::chrono::seconds limit, bool quiet, std::function<void()> on_close = {});
   ~RequestDeadline();
   void enter(const Peer& p);
   void leave(const Peer& p);
@@ -51,6 +52,7 @@ class RequestDeadline {
   const int port_;
   const std::chrono::seconds limit_;
   const bool quiet_;
+  const std::function<void()> on_close_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -199,9 +199,10 @@ struct HttpServer::Impl {
     const int stall_s = opt.stall_timeout_s;
     const bool quiet = opt.quiet;
     const std::string who = req.remote_addr + ":" + std::to_string(req.remote_port) + " (" + req.path + ")";
+    Metrics* const counts = &metrics;  // outlives the listener's threads, hence every stream
     res.set_chunked_content_provider(
         "text/event-stream",
-        [st, anthropic, timeout_s, stall_s, quiet, who](size_t, httplib::DataSink& sink) {
+        [st, anthropic, timeout_s, stall_s, quiet, who, counts](size_t, httplib::DataSink& sink) {
           // A failed write means the client left or took nothing for stall_s (cpp-httplib's
           // write timeout): either way its job is cancelled, freed before the next step.
           auto write = [&](const std::string& s) {
@@ -211,9 +212,11 @@ struct HttpServer::Impl {
             const bool ok = sink.write(s.data(), s.size());
             st->job->write_end();
             if (ok) return true;
+            if (Clock::now() - t >= std::chrono::seconds(stall_s)) {  // counted before the job ends
+              counts->stream_stalled();
+              if (!quiet) std::fprintf(stderr, "dsv4 serve: dropped the stream to %s: it took no data for %d s\n", who.c_str(), stall_s);
+            }
             st->job->cancel();
-            if (!quiet && Clock::now() - t >= std::chrono::seconds(stall_s))
-              std::fprintf(stderr, "dsv4 serve: dropped the stream to %s: it took no data for %d s\n", who.c_str(), stall_s);
             return false;
           };
           if (!st->started) {
@@ -361,7 +364,8 @@ void HttpServer::run(const std::function<void(int)>& ready, const std::function<
   } else if (!m.svr.bind_to_port(m.opt.host, port)) {
     throw Error("cannot listen on " + m.opt.host + ":" + std::to_string(port) + " (in use, or not an address of this machine)");
   }
-  m.deadline = std::make_unique<RequestDeadline>(port, std::chrono::seconds(m.opt.read_timeout_s), m.opt.quiet);
+  m.deadline = std::make_unique<RequestDeadline>(port, std::chrono::seconds(m.opt.read_timeout_s), m.opt.quiet,
+                                                 [&m] { m.metrics.connection_timed_out(); });
   // Named before the listener starts: /v1/models answers while the model loads.
   m.model_name = m.opt.model_name.empty() ? std::filesystem::path(m.engine_opt.model_dir).filename().string() : m.opt.model_name;
   if (m.model_name.empty()) m.model_name = "dsv4";

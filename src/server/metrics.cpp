@@ -58,6 +58,16 @@ void Metrics::drafts(int64_t drafted, int64_t accepted) {
   drafted_ += drafted, accepted_ += accepted;
 }
 
+void Metrics::stream_stalled() {
+  std::lock_guard<std::mutex> l(mu_);
+  ++stalled_;
+}
+
+void Metrics::connection_timed_out() {
+  std::lock_guard<std::mutex> l(mu_);
+  ++timed_out_;
+}
+
 void Metrics::ttft(double seconds) {
   std::lock_guard<std::mutex> l(mu_);
   ttft_.observe(seconds);
@@ -87,6 +97,8 @@ std::string Metrics::render(const Gauges& g) const {
   counter("dsv4_prefill_tokens_total", "Prompt tokens fed to the model (those not restored from the cache).", prefilled_);
   counter("dsv4_draft_tokens_total", "Tokens the MTP block drafted (serve --draft).", drafted_);
   counter("dsv4_draft_accepted_tokens_total", "Drafted tokens the model confirmed.", accepted_);
+  counter("dsv4_streams_stalled_total", "Streams dropped because their client took no data for --stall-timeout.", stalled_);
+  counter("dsv4_connections_timed_out_total", "Connections closed for sending no complete request within --read-timeout.", timed_out_);
   gauge("dsv4_queue_depth", "Requests waiting for admission.", g.queue_depth);
   gauge("dsv4_running_sequences", "Requests being prefilled or decoded (the n choices of one count once).", g.running);
   gauge("dsv4_paused_requests", "Running requests left out of the steps: their client has not taken their output.", g.paused);

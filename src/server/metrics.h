@@ -32,6 +32,8 @@ class Metrics {
   void ttft(double seconds);
   void token_latency(double seconds);  // time between two tokens of one choice
   void drafts(int64_t drafted, int64_t accepted);  // speculative decoding, per step
+  void stream_stalled();      // a stream dropped: its client took no data for --stall-timeout
+  void connection_timed_out();  // a connection closed: no complete request within --read-timeout
 
   struct Gauges {
     int64_t queue_depth = 0, running = 0, kv_reserved_bytes = 0, prefix_cache_bytes = 0, prefix_cache_entries = 0, paused = 0;
@@ -42,6 +44,7 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, int64_t> requests_;
   int64_t prompt_ = 0, generated_ = 0, cached_ = 0, steps_ = 0, prefilled_ = 0, drafted_ = 0, accepted_ = 0;
+  int64_t stalled_ = 0, timed_out_ = 0;
   Histogram batch_, ttft_, tpot_, step_s_;
 };
 

@@ -195,6 +195,7 @@ test('a stream whose client stops reading is paused, then dropped after --stall-
     assert.strictEqual(await metric(s.url, 'dsv4_steps_total'), steps, 'no step ran while it was paused');
     assert.strictEqual(await metric(s.url, 'dsv4_kv_reserved_bytes'), 0);
     assert.match(s.log(), /dropped the stream to 127\.0\.0\.1:\d+ \(\/v1\/chat\/completions\): it took no data for 3 s/);
+    assert.strictEqual(await metric(s.url, 'dsv4_streams_stalled_total'), 1);
     sock.destroy();
     // The server serves on.
     const c = new OpenAI({ baseURL: s.base, apiKey: 'x', maxRetries: 0 });
@@ -243,6 +244,7 @@ test('clients that trickle their requests are closed after --read-timeout; answe
     assert.ok(Date.now() - t0 >= 1000, 'not closed before the deadline');
     assert.strictEqual(await finish, 'length', 'the long answer ran to its end');
     assert.match(s.log(), /closed the connection from 127\.0\.0\.1:\d+: no complete request within 2 s/);
+    assert.ok(await metric(s.url, 'dsv4_connections_timed_out_total') >= 15, 'counted in /metrics');
     assert.strictEqual((await c.chat.completions.create({ model: 'demo', ...ok })).choices.length, 1);
   } finally {
     clearInterval(timer);
