@@ -34,21 +34,42 @@ bool peer_of(int fd, int port, Peer& out) {
   return true;
 }
 
-}  // namespace
-
-void for_each_connection(int port, const std::function<void(int, const Peer&)>& fn) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return;
+// This process's open descriptors.
+std::vector<int> open_fds() {
   std::vector<int> fds;
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return fds;
   while (const dirent* e = readdir(dir)) {
     char* end = nullptr;
     const long fd = std::strtol(e->d_name, &end, 10);
     if (end != e->d_name && *end == '\0' && fd != dirfd(dir)) fds.push_back(static_cast<int>(fd));
   }
   closedir(dir);
+  return fds;
+}
+
+}  // namespace
+
+void for_each_connection(int port, const std::function<void(int, const Peer&)>& fn) {
   Peer p;
-  for (const int fd : fds)
+  for (const int fd : open_fds())
     if (peer_of(fd, port, p)) fn(fd, p);
+}
+
+bool widen_listen_backlog(int port, int backlog) {
+  bool done = false;
+  for (const int fd : open_fds()) {
+    sockaddr_storage self{};
+    socklen_t ls = sizeof self;
+    int listening = 0;
+    socklen_t ll = sizeof listening;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&self), &ls) != 0 || port_of(self) != port ||
+        getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ll) != 0 || !listening)
+      continue;
+    // listen() on a listening socket only sets its backlog (Linux; POSIX leaves it open).
+    done = listen(fd, backlog) == 0 || done;
+  }
+  return done;
 }
 
 int connection_fd(int port, const Peer& peer) {

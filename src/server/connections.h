@@ -25,6 +25,12 @@ void for_each_connection(int port, const std::function<void(int fd, const Peer& 
 // The socket of the connection between local `port` and `peer`, or -1. It stays valid while the
 // handler of a request on it runs: the handler's thread owns the connection.
 int connection_fd(int port, const Peer& peer);
+// Sets the backlog of this process's listening socket on `port` (false: none found). The kernel
+// queues that many connections the server has not accepted yet; cpp-httplib 0.11 (Debian's
+// shared library, its CPPHTTPLIB_LISTEN_BACKLOG fixed at build) asks for 5. Past the backlog, new
+// handshakes go by SYN cookies, and a client that sent more than one segment before the server
+// accepted it is reset: 49 of 64 clients connecting while the process was stopped for 2 s.
+bool widen_listen_backlog(int port, int backlog);
 // Whether the client closed its end (end of stream or a reset) without reading a byte of it: a
 // peek that does not wait. HTTP/1.1 clients do not half-close while awaiting an answer.
 bool peer_closed(int fd);

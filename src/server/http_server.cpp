@@ -364,6 +364,10 @@ void HttpServer::run(const std::function<void(int)>& ready, const std::function<
   } else if (!m.svr.bind_to_port(m.opt.host, port)) {
     throw Error("cannot listen on " + m.opt.host + ":" + std::to_string(port) + " (in use, or not an address of this machine)");
   }
+  // A burst of clients while the accept thread waits for a core (a loaded machine) must queue,
+  // not be reset (connections.h).
+  if (!widen_listen_backlog(port, SOMAXCONN) && !m.opt.quiet)
+    std::fprintf(stderr, "dsv4 serve: warning: could not raise the listen backlog of port %d (cpp-httplib's is 5)\n", port);
   m.deadline = std::make_unique<RequestDeadline>(port, std::chrono::seconds(m.opt.read_timeout_s), m.opt.quiet,
                                                  [&m] { m.metrics.connection_timed_out(); });
   // Named before the listener starts: /v1/models answers while the model loads.

@@ -82,6 +82,7 @@ function startServer(extra = [], ranks = 1, model = demoModel(), { listening = f
         resolve({
           url: m[1],
           base: m[1] + '/v1',
+          pid: proc.pid,
           log: () => log,
           exited,
           stop: async () => {
