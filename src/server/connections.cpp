@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
@@ -86,7 +87,7 @@ bool peer_closed(int fd) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-RequestDeadline::RequestDeadline(int port, std::chrono::seconds limit, bool quiet, std::function<void()> on_close)
+RequestDeadline::RequestDeadline(int port, std::chrono::seconds limit, bool quiet, std::function<void(Close)> on_close)
     : port_(port), limit_(limit), quiet_(quiet), on_close_(std::move(on_close)), thread_([this] { loop(); }) {}
 
 RequestDeadline::~RequestDeadline() {
@@ -101,12 +102,14 @@ RequestDeadline::~RequestDeadline() {
 void RequestDeadline::enter(const Peer& p) {
   std::lock_guard<std::mutex> l(mu_);
   busy_[p] = epoch_;
+  answered_.erase(p);
 }
 
 void RequestDeadline::leave(const Peer& p) {
   std::lock_guard<std::mutex> l(mu_);
   busy_.erase(p);
   since_[p] = Clock::now();
+  answered_.insert(p);
 }
 
 void RequestDeadline::loop() {
@@ -127,25 +130,58 @@ void RequestDeadline::scan() {
   std::map<Peer, int> live;
   for_each_connection(port_, [&](int fd, const Peer& p) { live[p] = fd; });
   const auto now = Clock::now();
-  std::vector<std::pair<int, Peer>> late;
+  std::vector<std::pair<int, Peer>> late, reclaim;
   {
     std::lock_guard<std::mutex> l(mu_);
     // Connections gone since: forgotten. A mark made after the listing began (a connection too
     // new to be listed) stays.
     std::erase_if(busy_, [&](const auto& b) { return b.second < epoch && !live.count(b.first); });
     std::erase_if(since_, [&](const auto& s) { return !live.count(s.first); });
+    std::erase_if(answered_, [&](const Peer& p) { return !live.count(p); });
+    std::set<Peer> queued;
+    int starved = 0;  // connections waiting unread since the previous scan or longer
+    std::vector<std::pair<Clock::time_point, std::pair<int, Peer>>> idle;
     for (const auto& [p, fd] : live) {
       if (busy_.count(p)) continue;
       // Bytes that wait unread: the connection waits for a thread (every one is taken), which
-      // does not count. The clock starts when one reads it.
+      // does not count. The clock starts when one reads it. (A thread reads a request within
+      // milliseconds of its arrival, so unread through two scans means no thread is free.)
       int unread = 0;
       if (ioctl(fd, FIONREAD, &unread) == 0 && unread > 0) {
         since_[p] = now;
+        queued.insert(p);
+        starved += queued_.count(p) ? 1 : 0;
         continue;
       }
       const auto it = since_.try_emplace(p, now).first;
-      if (now - it->second >= limit_) late.push_back({fd, p}), since_.erase(it);
+      if (now - it->second >= limit_) {
+        late.push_back({fd, p}), since_.erase(it), answered_.erase(p);
+      } else if (answered_.count(p)) {
+        idle.push_back({it->second, {fd, p}});
+      }
     }
+    queued_ = std::move(queued);
+    // Threads for the starved: the longest-idle keep-alive connections give theirs up.
+    std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (int i = 0; i < starved && i < static_cast<int>(idle.size()); ++i) {
+      reclaim.push_back(idle[i].second);
+      since_.erase(idle[i].second.second), answered_.erase(idle[i].second.second);
+    }
+  }
+  for (const auto& [fd, p] : reclaim) {
+    Peer now_p;
+    if (!peer_of(fd, port_, now_p) || !(now_p == p)) continue;
+    {
+      // A request read since the listing is being answered: left alone. (One that arrives
+      // between this and the shutdown is lost, as at any keep-alive timeout; clients retry.)
+      std::lock_guard<std::mutex> l(mu_);
+      if (busy_.count(p)) continue;
+      if (on_close_) on_close_(Close::kIdle);  // first: whoever sees the connection end sees it counted
+      shutdown(fd, SHUT_RDWR);
+    }
+    if (!quiet_)
+      std::fprintf(stderr, "dsv4 serve: closed the idle connection from %s:%d: a new connection waits for a thread\n",
+                   p.addr.c_str(), p.port);
   }
   for (const auto& [fd, p] : late) {
     // The descriptor may have been closed and reused since it was listed: only the same
@@ -153,7 +189,7 @@ void RequestDeadline::scan() {
     // read ends and which closes it).
     Peer now_p;
     if (!peer_of(fd, port_, now_p) || !(now_p == p)) continue;
-    if (on_close_) on_close_();  // first: whoever sees the connection end sees it counted
+    if (on_close_) on_close_(Close::kNoRequest);  // first: whoever sees the connection end sees it counted
     shutdown(fd, SHUT_RDWR);
     if (!quiet_)
       std::fprintf(stderr, "dsv4 serve: closed the connection from %s:%d: no complete request within %lld s\n", p.addr.c_str(),

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -43,10 +44,16 @@ bool peer_closed(int fd);
 // answer (leave); the others are checked once a second, so the limit holds to about a second.
 // A connection accepted while every thread is taken waits in cpp-httplib's queue with its bytes
 // unread: its clock starts when a thread reads them.
+// Idle keep-alive connections hold threads too: cpp-httplib's thread waits on a connection for
+// its next request for 5 s after each answer. When a connection has waited unread through two
+// scans (every thread is taken), the idle keep-alive connections that have waited longest are
+// closed, one per waiting connection, so it is served within ~2 s instead of 5 (or never, while
+// clients keep reusing theirs).
 class RequestDeadline {
  public:
+  enum class Close { kNoRequest, kIdle };  // why a connection was closed
   // on_close runs (on the deadline's thread) for each connection it closes.
-  RequestDeadline(int port, std::chrono::seconds limit, bool quiet, std::function<void()> on_close = {});
+  RequestDeadline(int port, std::chrono::seconds limit, bool quiet, std::function<void(Close)> on_close = {});
   ~RequestDeadline();
   void enter(const Peer& p);
   void leave(const Peer& p);
@@ -58,13 +65,15 @@ class RequestDeadline {
   const int port_;
   const std::chrono::seconds limit_;
   const bool quiet_;
-  const std::function<void()> on_close_;
+  const std::function<void(Close)> on_close_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
   uint64_t epoch_ = 0;                       // scans started; a busy mark records the epoch of its enter
   std::map<Peer, uint64_t> busy_;
   std::map<Peer, Clock::time_point> since_;  // not busy since
+  std::set<Peer> answered_;                  // not busy, and answered before: idle keep-alive
+  std::set<Peer> queued_;                    // unread bytes at the last scan: waiting for a thread
   std::thread thread_;
 };
 

@@ -369,7 +369,7 @@ void HttpServer::run(const std::function<void(int)>& ready, const std::function<
   if (!widen_listen_backlog(port, SOMAXCONN) && !m.opt.quiet)
     std::fprintf(stderr, "dsv4 serve: warning: could not raise the listen backlog of port %d (cpp-httplib's is 5)\n", port);
   m.deadline = std::make_unique<RequestDeadline>(port, std::chrono::seconds(m.opt.read_timeout_s), m.opt.quiet,
-                                                 [&m] { m.metrics.connection_timed_out(); });
+                                                 [&m](RequestDeadline::Close why) { m.metrics.connection_closed(why == RequestDeadline::Close::kIdle); });
   // Named before the listener starts: /v1/models answers while the model loads.
   m.model_name = m.opt.model_name.empty() ? std::filesystem::path(m.engine_opt.model_dir).filename().string() : m.opt.model_name;
   if (m.model_name.empty()) m.model_name = "dsv4";

@@ -63,9 +63,9 @@ void Metrics::stream_stalled() {
   ++stalled_;
 }
 
-void Metrics::connection_timed_out() {
+void Metrics::connection_closed(bool idle) {
   std::lock_guard<std::mutex> l(mu_);
-  ++timed_out_;
+  ++(idle ? idle_closed_ : timed_out_);
 }
 
 void Metrics::ttft(double seconds) {
@@ -99,6 +99,7 @@ std::string Metrics::render(const Gauges& g) const {
   counter("dsv4_draft_accepted_tokens_total", "Drafted tokens the model confirmed.", accepted_);
   counter("dsv4_streams_stalled_total", "Streams dropped because their client took no data for --stall-timeout.", stalled_);
   counter("dsv4_connections_timed_out_total", "Connections closed for sending no complete request within --read-timeout.", timed_out_);
+  counter("dsv4_idle_connections_closed_total", "Idle keep-alive connections closed because new connections waited for a thread.", idle_closed_);
   gauge("dsv4_queue_depth", "Requests waiting for admission.", g.queue_depth);
   gauge("dsv4_running_sequences", "Requests being prefilled or decoded (the n choices of one count once).", g.running);
   gauge("dsv4_paused_requests", "Running requests left out of the steps: their client has not taken their output.", g.paused);

@@ -258,6 +258,37 @@ test('clients that trickle their requests are closed after --read-timeout; answe
   await assert.rejects(startServer(['--read-timeout', '0']), /--read-timeout must be in \[1, 3600\]/);
 });
 
+test('idle keep-alive connections give up their threads when a new connection waits for one', async () => {
+  // cpp-httplib's thread waits 5 s on a connection for its next request after each answer: with
+  // as many idle keep-alive clients as threads (here 2 + 1 + 8 = 11), a new client waited those
+  // 5 s (measured: 5022 ms for /health), and would wait on while they kept reusing theirs.
+  const s = await startServer(['--max-batch', '2', '--max-queue', '1']);
+  const socks = [];
+  try {
+    const port = Number(new URL(s.url).port);
+    const closed = [];
+    await Promise.all(Array.from({ length: 11 }, () => new Promise((resolve) => {
+      const sock = net.connect(port, '127.0.0.1', () => sock.write('GET /health HTTP/1.1\r\nHost: x\r\n\r\n'));
+      sock.once('data', resolve);
+      sock.on('error', () => {});
+      closed.push(new Promise((r) => sock.on('close', r)));
+      socks.push(sock);
+    })));
+    // Nobody waits: the idle connections are left alone.
+    await new Promise((r) => setTimeout(r, 1200));
+    assert.doesNotMatch(s.log(), /closed the idle connection/);
+    const res = await fetch(s.url + '/health');
+    assert.strictEqual(res.status, 200);
+    await res.text();
+    await Promise.race([Promise.any(closed), new Promise((_, no) => setTimeout(() => no(new Error('no idle connection closed')), 10000))]);
+    assert.match(s.log(), /closed the idle connection from 127\.0\.0\.1:\d+: a new connection waits for a thread/);
+    assert.ok(await metric(s.url, 'dsv4_idle_connections_closed_total') >= 1);
+  } finally {
+    for (const sock of socks) sock.destroy();
+    await s.stop();
+  }
+});
+
 test('a burst of connections while the server cannot accept them is queued, not reset', async () => {
   // The kernel queues connections the server has not accepted yet, up to the listening socket's
   // backlog; past it, handshakes go by SYN cookies, and a client that sends a second segment
