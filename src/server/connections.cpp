@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_received (glibc's lacks it)
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace dsv4::server {
@@ -87,8 +89,10 @@ bool peer_closed(int fd) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-RequestDeadline::RequestDeadline(int port, std::chrono::seconds limit, bool quiet, std::function<void(Close)> on_close)
-    : port_(port), limit_(limit), quiet_(quiet), on_close_(std::move(on_close)), thread_([this] { loop(); }) {}
+RequestDeadline::RequestDeadline(int port, std::chrono::seconds limit, int64_t max_request_bytes, bool quiet,
+                                 std::function<void(Close)> on_close)
+    : port_(port), limit_(limit), max_request_bytes_(max_request_bytes), quiet_(quiet), on_close_(std::move(on_close)),
+      thread_([this] { loop(); }) {}
 
 RequestDeadline::~RequestDeadline() {
   {
@@ -110,14 +114,77 @@ void RequestDeadline::leave(const Peer& p) {
   busy_.erase(p);
   since_[p] = Clock::now();
   answered_.insert(p);
+  answered_since_check_.insert(p);
 }
 
 void RequestDeadline::loop() {
   std::unique_lock<std::mutex> l(mu_);
-  while (!cv_.wait_for(l, std::chrono::seconds(1), [&] { return stop_; })) {
+  // Sizes every 100 ms (a header flood grows the server ~200 MB a second per connection);
+  // deadlines and idle connections every second.
+  for (int tick = 1; !cv_.wait_for(l, std::chrono::milliseconds(100), [&] { return stop_; }); ++tick) {
     l.unlock();
-    scan();
+    if (tick % 10 == 0) {
+      scan();
+    } else if (max_request_bytes_ > 0) {
+      std::map<Peer, int> live;
+      for_each_connection(port_, [&](int fd, const Peer& p) { live[p] = fd; });
+      check_sizes(live);
+    }
     l.lock();
+  }
+}
+
+void RequestDeadline::check_sizes(const std::map<Peer, int>& live) {
+  if (max_request_bytes_ <= 0) return;
+  std::vector<std::pair<int, Peer>> over;
+  std::vector<uint64_t> got;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    std::erase_if(received_base_, [&](const auto& b) { return !live.count(b.first); });
+    std::erase_if(answered_since_check_, [&](const Peer& p) { return !live.count(p); });
+    for (const auto& [p, fd] : live) {
+      tcp_info ti{};
+      socklen_t len = sizeof ti;
+      if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) continue;
+      const uint64_t received = ti.tcpi_bytes_received;
+      // While an answer runs its request has been read: what came so far is the next one's base.
+      if (busy_.count(p)) {
+        received_base_[p] = received;
+        continue;
+      }
+      // Answered between two checks (never seen busy): what has been read belongs to earlier
+      // requests (a part of the next read in the meantime escapes the count: bounded by 100 ms).
+      if (answered_since_check_.erase(p)) {
+        int unread = 0;
+        if (ioctl(fd, FIONREAD, &unread) != 0) unread = 0;
+        received_base_[p] = received - std::min<uint64_t>(received, static_cast<uint64_t>(unread));
+        continue;
+      }
+      const auto it = received_base_.find(p);
+      const uint64_t base = it == received_base_.end() ? 0 : it->second;
+      if (received - base > static_cast<uint64_t>(max_request_bytes_)) over.push_back({fd, p}), got.push_back(received - base);
+    }
+  }
+  for (size_t i = 0; i < over.size(); ++i) {
+    const auto& [fd, p] = over[i];
+    Peer now_p;
+    if (!peer_of(fd, port_, now_p) || !(now_p == p)) continue;
+    const std::string body = "{\"error\":{\"message\":\"the request exceeds the server's limit (" + std::to_string(max_request_bytes_) +
+                             " bytes of headers and body)\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":431}}";
+    const std::string res = "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (busy_.count(p)) continue;  // its request was complete after all: it is being answered
+      if (on_close_) on_close_(Close::kTooLarge);
+      // cpp-httplib's thread is blocked reading, not writing: the answer cannot interleave.
+      (void)!send(fd, res.data(), res.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      shutdown(fd, SHUT_RDWR);
+      received_base_.erase(p);
+    }
+    if (!quiet_)
+      std::fprintf(stderr, "dsv4 serve: closed the connection from %s:%d: its request passed %lld bytes (limit %lld)\n",
+                   p.addr.c_str(), p.port, static_cast<long long>(got[i]), static_cast<long long>(max_request_bytes_));
   }
 }
 
@@ -129,6 +196,7 @@ void RequestDeadline::scan() {
   }
   std::map<Peer, int> live;
   for_each_connection(port_, [&](int fd, const Peer& p) { live[p] = fd; });
+  check_sizes(live);
   const auto now = Clock::now();
   std::vector<std::pair<int, Peer>> late, reclaim;
   {

@@ -368,8 +368,10 @@ void HttpServer::run(const std::function<void(int)>& ready, const std::function<
   // not be reset (connections.h).
   if (!widen_listen_backlog(port, SOMAXCONN) && !m.opt.quiet)
     std::fprintf(stderr, "dsv4 serve: warning: could not raise the listen backlog of port %d (cpp-httplib's is 5)\n", port);
-  m.deadline = std::make_unique<RequestDeadline>(port, std::chrono::seconds(m.opt.read_timeout_s), m.opt.quiet,
-                                                 [&m](RequestDeadline::Close why) { m.metrics.connection_closed(why == RequestDeadline::Close::kIdle); });
+  // Headers: cpp-httplib caps each line at 8 KiB; 64 KiB in all is what nginx and Node accept.
+  m.deadline = std::make_unique<RequestDeadline>(port, std::chrono::seconds(m.opt.read_timeout_s),
+                                                 m.opt.max_body_bytes + (int64_t{64} << 10), m.opt.quiet,
+                                                 [&m](RequestDeadline::Close why) { m.metrics.connection_closed(why); });
   // Named before the listener starts: /v1/models answers while the model loads.
   m.model_name = m.opt.model_name.empty() ? std::filesystem::path(m.engine_opt.model_dir).filename().string() : m.opt.model_name;
   if (m.model_name.empty()) m.model_name = "dsv4";

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "server/connections.h"
+
 namespace dsv4::server {
 
 class Histogram {
@@ -33,9 +35,9 @@ class Metrics {
   void token_latency(double seconds);  // time between two tokens of one choice
   void drafts(int64_t drafted, int64_t accepted);  // speculative decoding, per step
   void stream_stalled();      // a stream dropped: its client took no data for --stall-timeout
-  // A connection closed by the server: idle (keep-alive, its thread wanted) or no complete
-  // request within --read-timeout.
-  void connection_closed(bool idle);
+  // A connection closed by the server (connections.h: no complete request within --read-timeout,
+  // idle keep-alive while its thread was wanted, or a request past the size limit).
+  void connection_closed(RequestDeadline::Close why);
 
   struct Gauges {
     int64_t queue_depth = 0, running = 0, kv_reserved_bytes = 0, prefix_cache_bytes = 0, prefix_cache_entries = 0, paused = 0;
@@ -46,7 +48,7 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, int64_t> requests_;
   int64_t prompt_ = 0, generated_ = 0, cached_ = 0, steps_ = 0, prefilled_ = 0, drafted_ = 0, accepted_ = 0;
-  int64_t stalled_ = 0, timed_out_ = 0, idle_closed_ = 0;
+  int64_t stalled_ = 0, timed_out_ = 0, idle_closed_ = 0, too_large_ = 0;
   Histogram batch_, ttft_, tpot_, step_s_;
 };
 

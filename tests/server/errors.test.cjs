@@ -3,6 +3,7 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const net = require('node:net');
+const http = require('node:http');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
@@ -285,6 +286,58 @@ test('idle keep-alive connections give up their threads when a new connection wa
     assert.ok(await metric(s.url, 'dsv4_idle_connections_closed_total') >= 1);
   } finally {
     for (const sock of socks) sock.destroy();
+    await s.stop();
+  }
+});
+
+test('a flood of header lines is cut at the request size limit; large requests on one connection are not', async () => {
+  // cpp-httplib 0.11 caps each header line (8 KiB), not their number, and keeps each as a map
+  // node: 201 MiB of 6-byte lines grew the server by 3.7 GB before this limit (the body limit,
+  // 8 MiB by default, plus 64 KiB of headers, since the last answer on the connection).
+  const s = await startServer();
+  try {
+    const port = Number(new URL(s.url).port);
+    const sock = net.connect(port, '127.0.0.1');
+    let sent = 0;
+    let got = '';
+    // The server's end (its FIN): our unsent lines would otherwise wait for a window that never
+    // opens, the reset coming only with a zero-window probe, up to ~100 s later.
+    const closed = new Promise((r) => sock.on('close', r));
+    sock.on('end', () => sock.destroy());
+    sock.on('error', () => {});
+    sock.on('data', (d) => { got += d.toString(); });
+    sock.write('GET /health HTTP/1.1\r\nHost: x\r\n');
+    const chunk = Buffer.from('a: b\r\n'.repeat(1 << 17));  // 768 KiB of header lines
+    while (sent < 40 << 20 && !sock.destroyed) {
+      if (!sock.write(chunk)) await new Promise((r) => { sock.once('drain', r); sock.once('close', r); });
+      sent += chunk.length;
+    }
+    await Promise.race([closed, new Promise((_, no) => setTimeout(() => no(new Error(`not closed after ${sent} bytes`)), 10000))]);
+    assert.ok(sent < 40 << 20, `closed only after all ${sent} bytes`);
+    assert.ok(got === '' || got.startsWith('HTTP/1.1 431 '), got.slice(0, 200));
+    assert.match(s.log(), /closed the connection from 127\.0\.0\.1:\d+: its request passed \d+ bytes \(limit 8454144\)/);
+    assert.strictEqual(await metric(s.url, 'dsv4_oversized_requests_total'), 1);
+    // Three 3 MiB requests on one keep-alive connection (9 MiB in all): each is answered.
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    const ports = new Set();
+    for (let i = 0; i < 3; ++i) {
+      const status = await new Promise((resolve, reject) => {
+        const req = http.request({ host: '127.0.0.1', port, path: '/v1/nothing', method: 'POST', agent,
+                                   headers: { 'Content-Type': 'application/json' } }, (res) => {
+          ports.add(res.socket.localPort);
+          res.resume();
+          res.on('end', () => resolve(res.statusCode));
+        });
+        req.on('error', reject);
+        req.end(JSON.stringify({ pad: 'x'.repeat(3 << 20) }));
+      });
+      assert.strictEqual(status, 404);
+    }
+    assert.strictEqual(ports.size, 1, 'one connection');
+    await new Promise((r) => setTimeout(r, 400));  // several size checks with the connection open
+    agent.destroy();
+    assert.strictEqual(await metric(s.url, 'dsv4_oversized_requests_total'), 1);
+  } finally {
     await s.stop();
   }
 });
