@@ -142,6 +142,7 @@ void RequestDeadline::check_sizes(const std::map<Peer, int>& live) {
     std::lock_guard<std::mutex> l(mu_);
     std::erase_if(received_base_, [&](const auto& b) { return !live.count(b.first); });
     std::erase_if(answered_since_check_, [&](const Peer& p) { return !live.count(p); });
+    std::erase_if(cut_, [&](const Peer& p) { return !live.count(p); });
     for (const auto& [p, fd] : live) {
       tcp_info ti{};
       socklen_t len = sizeof ti;
@@ -162,7 +163,7 @@ void RequestDeadline::check_sizes(const std::map<Peer, int>& live) {
       }
       const auto it = received_base_.find(p);
       const uint64_t base = it == received_base_.end() ? 0 : it->second;
-      if (received - base > static_cast<uint64_t>(max_request_bytes_)) over.push_back({fd, p}), got.push_back(received - base);
+      if (received - base > static_cast<uint64_t>(max_request_bytes_) && !cut_.count(p)) over.push_back({fd, p}), got.push_back(received - base);
     }
   }
   for (size_t i = 0; i < over.size(); ++i) {
@@ -181,6 +182,16 @@ void RequestDeadline::check_sizes(const std::map<Peer, int>& live) {
       (void)!send(fd, res.data(), res.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       shutdown(fd, SHUT_RDWR);
       received_base_.erase(p);
+      cut_.insert(p);  // closed once: cpp-httplib's thread may still be reading what is queued
+    }
+    // Linux keeps what was queued (and what still comes) readable after a shutdown: cpp-httplib's
+    // thread would go on parsing megabytes of header lines before it sees the end. Discarded
+    // here (MSG_TRUNC: no copy), at most 64 MiB.
+    static thread_local char sink[64 << 10];
+    for (int64_t n = 0; n < (int64_t{64} << 20);) {
+      const ssize_t k = recv(fd, sink, sizeof sink, MSG_DONTWAIT | MSG_TRUNC);
+      if (k <= 0) break;
+      n += k;
     }
     if (!quiet_)
       std::fprintf(stderr, "dsv4 serve: closed the connection from %s:%d: its request passed %lld bytes (limit %lld)\n",

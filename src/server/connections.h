@@ -86,6 +86,7 @@ class RequestDeadline {
   std::set<Peer> queued_;                    // unread bytes at the last scan: waiting for a thread
   std::map<Peer, uint64_t> received_base_;   // bytes received before its current request
   std::set<Peer> answered_since_check_;      // answered since the last size check
+  std::set<Peer> cut_;                       // closed for their size, until they are gone
   std::thread thread_;
 };
 
