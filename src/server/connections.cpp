@@ -1,11 +1,13 @@
 #include "server/connections.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_received (glibc's lacks it)
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -167,16 +169,26 @@ void RequestDeadline::check_sizes(const std::map<Peer, int>& live) {
     }
   }
   for (size_t i = 0; i < over.size(); ++i) {
-    const auto& [fd, p] = over[i];
+    const auto& [listed, p] = over[i];
+    // A descriptor of our own: cpp-httplib's may be closed and its number reused by a new
+    // connection while we read from it below; ours stays this connection's.
+    const int fd = fcntl(listed, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) continue;
     Peer now_p;
-    if (!peer_of(fd, port_, now_p) || !(now_p == p)) continue;
+    if (!peer_of(fd, port_, now_p) || !(now_p == p)) {
+      close(fd);
+      continue;
+    }
     const std::string body = "{\"error\":{\"message\":\"the request exceeds the server's limit (" + std::to_string(max_request_bytes_) +
                              " bytes of headers and body)\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":431}}";
     const std::string res = "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\nConnection: close\r\n"
                             "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
     {
       std::lock_guard<std::mutex> l(mu_);
-      if (busy_.count(p)) continue;  // its request was complete after all: it is being answered
+      if (busy_.count(p)) {  // its request was complete after all: it is being answered
+        close(fd);
+        continue;
+      }
       if (on_close_) on_close_(Close::kTooLarge);
       // cpp-httplib's thread is blocked reading, not writing: the answer cannot interleave.
       (void)!send(fd, res.data(), res.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -193,6 +205,7 @@ void RequestDeadline::check_sizes(const std::map<Peer, int>& live) {
       if (k <= 0) break;
       n += k;
     }
+    close(fd);
     if (!quiet_)
       std::fprintf(stderr, "dsv4 serve: closed the connection from %s:%d: its request passed %lld bytes (limit %lld)\n",
                    p.addr.c_str(), p.port, static_cast<long long>(got[i]), static_cast<long long>(max_request_bytes_));
