@@ -248,7 +248,9 @@ void RequestDeadline::scan() {
       const auto it = since_.try_emplace(p, now).first;
       if (now - it->second >= limit_) {
         late.push_back({fd, p}), since_.erase(it), answered_.erase(p);
-      } else if (answered_.count(p)) {
+      } else if (answered_.count(p) && now - it->second >= std::chrono::seconds(1)) {
+        // Idle for a second at least: a client reusing its connection at once may be sending
+        // its next request, read but not yet marked busy.
         idle.push_back({it->second, {fd, p}});
       }
     }

@@ -46,9 +46,9 @@ bool peer_closed(int fd);
 // unread: its clock starts when a thread reads them.
 // Idle keep-alive connections hold threads too: cpp-httplib's thread waits on a connection for
 // its next request for 5 s after each answer. When a connection has waited unread through two
-// scans (every thread is taken), the idle keep-alive connections that have waited longest are
-// closed, one per waiting connection, so it is served within ~2 s instead of 5 (or never, while
-// clients keep reusing theirs).
+// scans (every thread is taken), the idle keep-alive connections that have waited longest (a
+// second at least) are closed, one per waiting connection, so it is served within ~2 s instead
+// of 5 (or never, while clients keep reusing theirs).
 // Oversized requests: cpp-httplib 0.11 bounds each header line (8 KiB) but not their number, and
 // keeps every header as a map node: 201 MiB of 6-byte header lines grew the server by 3.7 GB
 // (~18x). So every 100 ms the bytes each connection has received since its last answer
