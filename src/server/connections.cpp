@@ -190,6 +190,10 @@ void RequestDeadline::check_sizes(const std::map<Peer, int>& live) {
         continue;
       }
       if (on_close_) on_close_(Close::kTooLarge);
+      // Logged and counted first: whoever sees the connection end sees both.
+      if (!quiet_)
+        std::fprintf(stderr, "dsv4 serve: closed the connection from %s:%d: its request passed %lld bytes (limit %lld)\n",
+                     p.addr.c_str(), p.port, static_cast<long long>(got[i]), static_cast<long long>(max_request_bytes_));
       // cpp-httplib's thread is blocked reading, not writing: the answer cannot interleave.
       (void)!send(fd, res.data(), res.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       shutdown(fd, SHUT_RDWR);
@@ -206,9 +210,6 @@ void RequestDeadline::check_sizes(const std::map<Peer, int>& live) {
       n += k;
     }
     close(fd);
-    if (!quiet_)
-      std::fprintf(stderr, "dsv4 serve: closed the connection from %s:%d: its request passed %lld bytes (limit %lld)\n",
-                   p.addr.c_str(), p.port, static_cast<long long>(got[i]), static_cast<long long>(max_request_bytes_));
   }
 }
 
@@ -270,12 +271,12 @@ void RequestDeadline::scan() {
       // between this and the shutdown is lost, as at any keep-alive timeout; clients retry.)
       std::lock_guard<std::mutex> l(mu_);
       if (busy_.count(p)) continue;
-      if (on_close_) on_close_(Close::kIdle);  // first: whoever sees the connection end sees it counted
+      if (on_close_) on_close_(Close::kIdle);  // first: whoever sees the connection end sees it counted and logged
+      if (!quiet_)
+        std::fprintf(stderr, "dsv4 serve: closed the idle connection from %s:%d: a new connection waits for a thread\n",
+                     p.addr.c_str(), p.port);
       shutdown(fd, SHUT_RDWR);
     }
-    if (!quiet_)
-      std::fprintf(stderr, "dsv4 serve: closed the idle connection from %s:%d: a new connection waits for a thread\n",
-                   p.addr.c_str(), p.port);
   }
   for (const auto& [fd, p] : late) {
     // The descriptor may have been closed and reused since it was listed: only the same
@@ -283,11 +284,11 @@ void RequestDeadline::scan() {
     // read ends and which closes it).
     Peer now_p;
     if (!peer_of(fd, port_, now_p) || !(now_p == p)) continue;
-    if (on_close_) on_close_(Close::kNoRequest);  // first: whoever sees the connection end sees it counted
-    shutdown(fd, SHUT_RDWR);
+    if (on_close_) on_close_(Close::kNoRequest);  // first: whoever sees the connection end sees it counted and logged
     if (!quiet_)
       std::fprintf(stderr, "dsv4 serve: closed the connection from %s:%d: no complete request within %lld s\n", p.addr.c_str(),
                    p.port, static_cast<long long>(limit_.count()));
+    shutdown(fd, SHUT_RDWR);
   }
 }
 

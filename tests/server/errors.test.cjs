@@ -24,6 +24,13 @@ async function post(body, headers = {}) {
   return { status: res.status, json: await res.json().catch(() => null) };
 }
 const ok = { messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 };
+
+// The server logs a close before it closes, but its stderr reaches us through a pipe that node
+// may read after the socket's end: the line is awaited (10 s at most).
+async function logMatch(s, re) {
+  for (let t = 0; t < 200 && !re.test(s.log()); ++t) await new Promise((r) => setTimeout(r, 50));
+  assert.match(s.log(), re);
+}
 // Waits until the scheduler has let go of every earlier request (a queued one leaves the queue
 // when its next keep-alive write fails).
 async function assertIdle() {
@@ -247,7 +254,7 @@ test('clients that trickle their requests are closed after --read-timeout; answe
     await Promise.race([Promise.all(closed), new Promise((_, no) => setTimeout(() => no(new Error('trickling clients still open after 15 s')), 15000))]);
     assert.ok(Date.now() - t0 >= 1000, 'not closed before the deadline');
     assert.strictEqual(await finish, 'length', 'the long answer ran to its end');
-    assert.match(s.log(), /closed the connection from 127\.0\.0\.1:\d+: no complete request within 2 s/);
+    await logMatch(s, /closed the connection from 127\.0\.0\.1:\d+: no complete request within 2 s/);
     const counted = await metric(s.url, 'dsv4_connections_timed_out_total');
     assert.ok(counted >= 15, `counted in /metrics: ${counted}\n${s.log()}\n${JSON.stringify(await Promise.all(closed))}`);
     assert.strictEqual((await c.chat.completions.create({ model: 'demo', ...ok })).choices.length, 1);
@@ -290,7 +297,7 @@ test('idle keep-alive connections give up their threads when a new connection wa
     assert.strictEqual(res.status, 200);
     await res.text();
     await Promise.race([Promise.any(closed), new Promise((_, no) => setTimeout(() => no(new Error('no idle connection closed')), 10000))]);
-    assert.match(s.log(), /closed the idle connection from 127\.0\.0\.1:\d+: a new connection waits for a thread/);
+    await logMatch(s, /closed the idle connection from 127\.0\.0\.1:\d+: a new connection waits for a thread/);
     assert.ok(await metric(s.url, 'dsv4_idle_connections_closed_total') >= 1);
   } finally {
     for (const sock of socks) sock.destroy();
@@ -323,7 +330,7 @@ test('a flood of header lines is cut at the request size limit; large requests o
     await Promise.race([closed, new Promise((_, no) => setTimeout(() => no(new Error(`not closed after ${sent} bytes`)), 10000))]);
     assert.ok(sent < 40 << 20, `closed only after all ${sent} bytes`);
     assert.ok(got === '' || got.startsWith('HTTP/1.1 431 '), got.slice(0, 200));
-    assert.match(s.log(), /closed the connection from 127\.0\.0\.1:\d+: its request passed \d+ bytes \(limit 8454144\)/);
+    await logMatch(s, /closed the connection from 127\.0\.0\.1:\d+: its request passed \d+ bytes \(limit 8454144\)/);
     assert.strictEqual(await metric(s.url, 'dsv4_oversized_requests_total'), 1);
     // Three 3 MiB requests on one keep-alive connection (9 MiB in all): each is answered.
     const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
