@@ -107,8 +107,17 @@ TEST_F(ServerRequest, ChatBadFieldsName) {
       {R"("logprobs":"yes")", "logprobs"},
       {R"("top_logprobs":3)", "top_logprobs"},  // without logprobs
       {R"("logprobs":true,"top_logprobs":21)", "top_logprobs"},
-      {R"("response_format":{"type":"json_object"})", "response_format"},
+      {R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}})", "response_format.type"},
+      {R"("response_format":{"type":"xml"})", "response_format.type"},
       {R"("response_format":{"type":1})", "response_format.type"},
+      {R"("response_format":[])", "response_format"},
+      {"\"tools\":[" + kTool + R"(],"response_format":{"type":"json_object"})", "response_format"},
+      {R"("logit_bias":[1])", "logit_bias"},
+      {R"("logit_bias":{"abc":1})", "logit_bias"},
+      {R"("logit_bias":{"-1":1})", "logit_bias"},
+      {R"("logit_bias":{"999999999":1})", "logit_bias"},  // past the vocabulary
+      {R"("logit_bias":{"4":101})", "logit_bias.4"},
+      {R"("logit_bias":{"4":"up"})", "logit_bias.4"},
       {R"("thinking":"on")", "thinking"},
       {R"("thinking":{"type":"sometimes"})", "thinking.type"},
       {R"("chat_template_kwargs":{"thinking":1})", "chat_template_kwargs.thinking"},
@@ -255,8 +264,29 @@ TEST_F(ServerRequest, ChatFieldsAreRead) {
   // max_completion_tokens wins over max_tokens.
   EXPECT_EQ(parse(Api::OpenAiChat, chat_body(R"("max_tokens":5,"max_completion_tokens":9)")).gen.max_tokens, 9);
   EXPECT_EQ(parse(Api::OpenAiChat, chat_body(R"("max_tokens":5)")).gen.max_tokens, 5);
+  const ParsedRequest b = parse(Api::OpenAiChat, chat_body(R"("logit_bias":{"4":100,"95":-2.5})"));
+  EXPECT_EQ(b.gen.logit_bias, (std::vector<std::pair<int32_t, float>>{{4, 100.0f}, {95, -2.5f}}));
+  EXPECT_EQ(parse(Api::OpenAiCompletion, R"({"prompt":"x","logit_bias":{"7":1}})").gen.logit_bias.size(), 1u);
   // null is "absent".
   EXPECT_EQ(parse(Api::OpenAiChat, chat_body(R"("temperature":null,"n":null)")).gen.n, 1);
+}
+
+TEST_F(ServerRequest, ResponseFormatJsonObject) {
+  const ParsedRequest plain = parse(Api::OpenAiChat, chat_body(R"("response_format":{"type":"text"})"));
+  EXPECT_FALSE(plain.gen.json_object);
+  const ParsedRequest think = parse(Api::OpenAiChat, chat_body(R"("response_format":{"type":"json_object"})"));
+  EXPECT_TRUE(think.gen.json_object);
+  EXPECT_TRUE(think.gen.reasoning_first);
+  // The prompt is the one without response_format (the client asks for JSON in its messages,
+  // as with DeepSeek's API): the prefix cache is shared with plain requests.
+  EXPECT_EQ(think.prompt_text, plain.prompt_text);
+  const ParsedRequest chat =
+      parse(Api::OpenAiChat, chat_body(R"("response_format":{"type":"json_object"},"thinking":{"type":"disabled"})"));
+  EXPECT_TRUE(chat.gen.json_object);
+  EXPECT_FALSE(chat.gen.reasoning_first);
+  // tool_choice none leaves the tools out, so JSON fits.
+  EXPECT_TRUE(parse(Api::OpenAiChat, chat_body("\"tools\":[" + kTool + R"(],"tool_choice":"none","response_format":{"type":"json_object"})"))
+                  .gen.json_object);
 }
 
 TEST_F(ServerRequest, ThinkingSwitches) {

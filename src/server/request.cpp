@@ -303,6 +303,25 @@ void tokenize_prompt(ParsedRequest& r, const ModelFacts& model, const RequestLim
   r.gen.max_tokens = max_tokens_given > 0 ? max_tokens_given : std::min(lim.default_max_tokens, ctx - n);
 }
 
+// logit_bias: {"token id": bias in [-100, 100]}, added to the logits before the pick (OpenAI's).
+void read_logit_bias(const Fields& f, ParsedRequest& r, int64_t vocab) {
+  const ojson* b = f.get("logit_bias");
+  if (!b) return;
+  if (!b->is_object()) bad_request("logit_bias", std::string("must be an object of token ids to numbers, got ") + type_of(*b));
+  if (b->size() > 300) bad_request("logit_bias", "may bias at most 300 tokens, got " + std::to_string(b->size()));
+  for (const auto& [k, v] : b->items()) {
+    const std::string w = "logit_bias." + k;
+    const bool digits = !k.empty() && k.size() <= 9 && k.find_first_not_of("0123456789") == std::string::npos;
+    const int64_t id = digits ? std::stoll(k) : -1;
+    if (id < 0 || id >= vocab)
+      bad_request("logit_bias", "'" + k + "' is not a token id in [0, " + std::to_string(vocab) + ")");
+    if (!v.is_number()) bad_request(w, std::string("must be a number, got ") + type_of(v));
+    const double x = v.get<double>();
+    if (!(x >= -100 && x <= 100)) bad_request(w, "must be in [-100, 100], got " + Fields::fmt(x));
+    r.gen.logit_bias.push_back({static_cast<int32_t>(id), static_cast<float>(x)});
+  }
+}
+
 // What both OpenAI endpoints read alike: model, stream (+ usage), sampling, n.
 void read_openai_common(const Fields& f, ParsedRequest& r, const RequestLimits& lim) {
   r.model = f.string("model", "");
@@ -319,15 +338,22 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
                        const ToolCallStore* store) {
   Fields f{j, ""};
   read_openai_common(f, r, lim);
+  read_logit_bias(f, r, model.vocab);
   r.logprobs = f.boolean("logprobs", false);
   const int64_t top = f.integer("top_logprobs", -1, 0, 20);
   if (top >= 0 && !r.logprobs) bad_request("top_logprobs", "needs logprobs: true");
   r.gen.top_logprobs = r.logprobs ? static_cast<int>(std::max<int64_t>(top, 0)) : -1;
+  // response_format: text, or json_object (the answer is constrained to one JSON object, as
+  // DeepSeek's API offers); json_schema is not enforced, so it is refused.
   if (const ojson* rf = f.get("response_format")) {
     if (!rf->is_object()) bad_request("response_format", "must be an object");
     const std::string t = Fields{*rf, "response_format."}.string("type", "");
-    if (t != "text")
-      bad_request("response_format", "type '" + t + "' is not supported: this server does not constrain output to JSON");
+    if (t == "json_object") r.gen.json_object = true;
+    else if (t == "json_schema")
+      bad_request("response_format.type", "json_schema is not supported: this server constrains output to a JSON object "
+                                          "(type json_object), not to a schema");
+    else if (t != "text")
+      bad_request("response_format.type", "must be text or json_object, got '" + t + "'");
   }
   // Thinking: on by default; `thinking: {type}` or `chat_template_kwargs: {thinking}` switch it.
   bool thinking = true;
@@ -342,6 +368,7 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
     thinking = Fields{*k, "chat_template_kwargs."}.boolean("thinking", thinking);
   }
   r.mode = thinking ? ChatMode::Thinking : ChatMode::Chat;
+  r.gen.reasoning_first = thinking;
   ChatOptions co;
   co.mode = r.mode;
   const std::string effort = f.string("reasoning_effort", "");
@@ -388,6 +415,9 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
       bad_request("tool_choice", "a required tool call cannot be forced in thinking mode; disable thinking "
                                  "(thinking: {type: disabled}) or use tool_choice auto");
   }
+  if (r.gen.json_object && !r.tools.empty())
+    bad_request("response_format", "json_object cannot be combined with tools: the answer is one JSON object, which "
+                                   "leaves no place for a tool call (leave out tools, or send tool_choice none)");
   const ojson* msgs = f.get("messages");
   if (!msgs) bad_request("messages", "is required");
   const ojson rendered = chat_messages(*msgs, r.tools, store);
@@ -408,6 +438,7 @@ void parse_openai_completion(const ojson& j, ParsedRequest& r, const ModelFacts&
   Fields f{j, ""};
   r.chat = false;
   read_openai_common(f, r, lim);
+  read_logit_bias(f, r, model.vocab);
   const int64_t lp = f.integer("logprobs", -1, 0, 20);
   r.logprobs = lp >= 0;
   r.gen.top_logprobs = static_cast<int>(lp);

@@ -56,10 +56,12 @@ double Job::ttft() const {
 
 // One choice of a job: its sequence and its text pipeline (ids -> UTF-8 -> stop strings).
 struct Scheduler::Choice {
-  Choice(int i, Sequence s, const GenParams& p, const Tokenizer& tok)
+  Choice(int i, Sequence s, const GenParams& p, const Tokenizer& tok, std::shared_ptr<const JsonVocab> json_vocab)
       : index(i), seq(std::move(s)), sampler(seeded(p.sampling, i)), dec(tok), filter(p.stop, [this](std::string_view t) {
           released += t;
-        }) {}
+        }) {
+    if (json_vocab) json.emplace(std::move(json_vocab), p.reasoning_first);
+  }
   static SamplingParams seeded(SamplingParams sp, int i) {
     sp.seed += static_cast<uint64_t>(i);
     return sp;
@@ -67,6 +69,7 @@ struct Scheduler::Choice {
   int index;
   Sequence seq;
   Sampler sampler;
+  std::optional<JsonConstraint> json;  // response_format json_object
   StreamDecoder dec;
   StopFilter filter;
   std::string released;               // text the filter let through, not yet sent
@@ -222,7 +225,7 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job) {
     }
     a->pending.assign(p.prompt.begin() + a->cached, p.prompt.end());
     a->promised = per_seq * (p.n - 1);
-    a->choices.push_back(std::make_unique<Choice>(0, std::move(seq), p, engine_.tokenizer()));
+    a->choices.push_back(std::make_unique<Choice>(0, std::move(seq), p, engine_.tokenizer(), json_vocab(p)));
   } catch (const Error& e) {
     if (e.kind == ErrorKind::ResourceExhausted && !active_.empty()) return false;
     job->push(Event::failed(e));
@@ -235,15 +238,45 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job) {
 
 // Whether choice c's next pick can run inside the step (StepRequest::sampler: on cuda on the
 // device, only the id coming back): no penalties (they need the history), candidates the
-// backend takes, and no log-probabilities asked (they need the logits).
+// backend takes, no log-probabilities asked (they need the logits), no logit bias and no JSON
+// constraint (host work on the logits).
 bool Scheduler::picks_in_step(const Active& a, const Choice& c) const {
   const ModelInfo& info = engine_.info();
-  return a.job->params.top_logprobs < 0 && !c.sampler.penalised() && c.sampler.candidates(info.vocab) <= info.sample_candidates;
+  return a.job->params.top_logprobs < 0 && !c.sampler.penalised() && !c.json && a.job->params.logit_bias.empty() &&
+         c.sampler.candidates(info.vocab) <= info.sample_candidates;
 }
 
-// Samples choice c's next token from its logits and sends what it releases.
+std::shared_ptr<const JsonVocab> Scheduler::json_vocab(const GenParams& p) {
+  if (!p.json_object) return nullptr;
+  if (!json_vocab_) json_vocab_ = std::make_shared<const JsonVocab>(engine_.tokenizer(), engine_.info().vocab, engine_.info().eos);
+  return json_vocab_;
+}
+
+// Samples choice c's next token from its logits and sends what it releases. With a logit bias or
+// a JSON constraint the pick is from the adjusted logits (the log-probabilities stay the model's).
 void Scheduler::emit(Active& a, Choice& c, const float* logits) {
-  emit_id(a, c, c.sampler.sample(logits, engine_.info().vocab, c.generated), logits);
+  if (a.gone) return;  // an earlier choice of the job failed
+  const int64_t V = engine_.info().vocab;
+  const auto& bias = a.job->params.logit_bias;
+  if (!c.json && bias.empty()) return emit_id(a, c, c.sampler.sample(logits, V, c.generated), logits);
+  int32_t id;
+  try {
+    masked_.assign(logits, logits + V);
+    for (const auto& [t, b] : bias) masked_[static_cast<size_t>(t)] += b;
+    if (c.json) c.json->mask(masked_.data());
+    id = c.sampler.sample(masked_.data(), V, c.generated);
+    if (c.json) {
+      // A masked token has probability 0, but the pick's running sum can round past the last
+      // allowed one: then the best allowed token.
+      if (!c.json->allows(id)) id = static_cast<int32_t>(std::max_element(masked_.begin(), masked_.end()) - masked_.begin());
+      c.json->push(id);
+    }
+  } catch (const Error& e) {
+    a.gone = true;
+    a.job->push(Event::failed(Error(e.what(), ErrorKind::Internal)));  // the constraint's own invariants
+    return;
+  }
+  emit_id(a, c, id, logits);
 }
 
 // Sends what choice c's next token `id` releases; logits (for the log-probabilities) may be null
@@ -308,6 +341,9 @@ void Scheduler::emit_id(Active& a, Choice& c, int32_t id, const float* logits) {
 // row a place (the sequence's max_positions) and a use (max_tokens: n drafts yield up to n + 1
 // tokens).
 int64_t Scheduler::drafts_for(const Active& a, const Choice& c) const {
+  // The drafts are checked against the model's picks (check_drafts): a bias or a mask (which
+  // depends on the picks before) would need each verified row adjusted first.
+  if (c.json || !a.job->params.logit_bias.empty()) return 0;
   const int64_t left = a.job->params.max_tokens - static_cast<int64_t>(c.generated.size());
   return std::max<int64_t>(0, std::min<int64_t>({opt_.draft, a.max_positions - c.seq.pos() - 1, left - 1}));
 }
@@ -478,7 +514,7 @@ bool Scheduler::step() {
       try {
         a.promised = 0;
         for (int k = 1; k < p.n; ++k)
-          a.choices.push_back(std::make_unique<Choice>(k, engine_.fork(a.choices[0]->seq), p, engine_.tokenizer()));
+          a.choices.push_back(std::make_unique<Choice>(k, engine_.fork(a.choices[0]->seq), p, engine_.tokenizer(), json_vocab(p)));
       } catch (const Error& e) {
         a.gone = true;
         a.job->push(Event::failed(e));

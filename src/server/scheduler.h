@@ -35,10 +35,12 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/json_constraint.h"
 #include "engine/sampler.h"
 #include "server/metrics.h"
 #include "server/prefix_cache.h"
@@ -54,6 +56,13 @@ struct GenParams {
   std::vector<int32_t> stop_tokens;       // besides the model's EOS
   int n = 1;                              // choices, sharing one prefill (fork)
   int top_logprobs = -1;                  // -1: no logprobs; 0..20: the sampled token's + that many
+  // logit_bias: added to the logits before each pick (log-probabilities stay the model's). Such
+  // choices pick on the host and never draft.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // response_format json_object: each choice is one JSON object, after its reasoning when it
+  // starts with one (engine/json_constraint.h). Such choices pick on the host and never draft.
+  bool json_object = false;
+  bool reasoning_first = false;           // the answer starts with reasoning (thinking mode)
 };
 
 struct TopLogprob {
@@ -180,6 +189,7 @@ class Scheduler {
   void emit_id(Active& a, Choice& c, int32_t id, const float* logits);
   int64_t drafts_for(const Active& a, const Choice& c) const;
   void verify(Active& a, Choice& c, const std::vector<float>& logits);
+  std::shared_ptr<const JsonVocab> json_vocab(const GenParams& p);  // null unless p.json_object
 
   Engine& engine_;
   const SchedulerOptions opt_;
@@ -193,6 +203,8 @@ class Scheduler {
   std::atomic<int64_t> kv_bytes_{0}, cache_bytes_{0}, cache_entries_{0}, paused_{0};
   std::atomic<int> live_choices_{0};  // batch places taken (choices, forks to come included)
   void update_stats();
+  std::shared_ptr<const JsonVocab> json_vocab_;  // built at the first JSON-constrained job
+  std::vector<float> masked_;                    // a constrained choice's logits, masked
   bool stop_ = false;
   std::thread thread_;
 };

@@ -300,10 +300,11 @@ struct Tokenizer::Impl {
 
   std::vector<Rule> rules;
 
-  // Per id: decoded bytes, whether the id exists, whether it is special.
+  // Per id: decoded bytes, whether the id exists, whether it is special, whether it is added.
   std::vector<std::string> id_bytes;
   std::vector<uint8_t> id_known;
   std::vector<uint8_t> id_special;
+  std::vector<uint8_t> id_added;
 
   void fail(const std::string& what) const { throw Error(file + ": " + what); }
 
@@ -366,6 +367,7 @@ void Tokenizer::Impl::parse(const json& j) {
   id_bytes.assign(n, {});
   id_known.assign(n, 0);
   id_special.assign(n, 0);
+  id_added.assign(n, 0);
   for (const auto& [tok, id] : vocab) {
     id_bytes[id] = token_bytes(tok);
     id_known[id] = 1;
@@ -374,6 +376,7 @@ void Tokenizer::Impl::parse(const json& j) {
     id_bytes[a.id] = token_bytes(a.content);
     id_known[a.id] = 1;
     id_special[a.id] = a.special;
+    id_added[a.id] = 1;
   }
 }
 
@@ -709,6 +712,10 @@ int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->id_by
 
 bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && id < vocab_size() && impl_->id_special[id] != 0;
+}
+
+bool Tokenizer::is_added(int32_t id) const {
+  return id >= 0 && id < vocab_size() && impl_->id_added[id] != 0;
 }
 
 const std::string& Tokenizer::file() const { return impl_->file; }

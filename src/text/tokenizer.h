@@ -44,6 +44,7 @@ class Tokenizer {
   std::optional<int32_t> find_token(std::string_view token) const;
   int32_t vocab_size() const;                // max id + 1 over the vocab and added tokens
   bool is_special(int32_t id) const;         // an added token flagged "special"
+  bool is_added(int32_t id) const;           // an added token (chat markup), special or not
   const std::string& file() const;           // the tokenizer.json that was loaded
 
   struct Impl;

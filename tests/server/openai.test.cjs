@@ -152,3 +152,45 @@ test('a long prompt leaves snapshots inside it: a prompt sharing its beginning r
   const cached = b.usage.prompt_tokens_details.cached_tokens;
   assert.ok(cached >= 1024 && cached < b.usage.prompt_tokens - 16, `cached ${cached} of ${b.usage.prompt_tokens}`);
 });
+
+// Token ids of the DeepSeek-V4 tokenizer: '"' 4, '}' 95, ']' 63, ':' 28, '0' 18, '</think>' 128822.
+// Biased up, they make the random demo model close what it opens.
+const closing = { 4: 100, 95: 100, 63: 100, 28: 100, 18: 100, 128822: 100 };
+
+test('response_format json_object: every answer is one JSON object, streamed or not, in both modes', async () => {
+  const json = { response_format: { type: 'json_object' }, logit_bias: closing, max_tokens: 64 };
+  const isObject = (text) => {
+    const v = JSON.parse(text);
+    return v !== null && typeof v === 'object' && !Array.isArray(v);
+  };
+  const chatMode = chat('Answer in JSON', { ...json, thinking: { type: 'disabled' }, temperature: 0 });
+  const a = await client.chat.completions.create(chatMode);
+  assert.strictEqual(a.choices[0].finish_reason, 'stop', JSON.stringify(a.choices[0]));
+  assert.ok(isObject(a.choices[0].message.content), a.choices[0].message.content);
+  const s = await collectChat(await client.chat.completions.create({ ...chatMode, stream: true }));
+  assert.strictEqual(s.choices[0].content, a.choices[0].message.content);
+  assert.strictEqual(s.choices[0].finish_reason, 'stop');
+  // Thinking mode: free reasoning, then the object.
+  const t = await client.chat.completions.create(chat('Answer in JSON', { ...json, temperature: 0 }));
+  assert.strictEqual(typeof t.choices[0].message.reasoning_content, 'string');
+  assert.ok(isObject(t.choices[0].message.content), JSON.stringify(t.choices[0].message));
+  // Sampled, several choices: each its own object.
+  const n = await client.chat.completions.create(chat('Answer in JSON', { ...json, n: 3, temperature: 1, seed: 3,
+    thinking: { type: 'disabled' } }));
+  assert.strictEqual(n.choices.length, 3);
+  for (const c of n.choices) assert.ok(c.finish_reason === 'stop' && isObject(c.message.content), JSON.stringify(c));
+  // Without the bias the random model never closes its object within the limit, but what it
+  // writes is an object's start: after at most 32 bytes of whitespace, '{'.
+  const open = await client.chat.completions.create(chat('Answer in JSON', { response_format: { type: 'json_object' },
+    max_tokens: 40, temperature: 0, thinking: { type: 'disabled' } }));
+  assert.strictEqual(open.choices[0].finish_reason, 'length');
+  assert.match(open.choices[0].message.content, /^[ \t\r\n]{0,32}\{/);
+});
+
+test('logit_bias moves the picks', async () => {
+  const base = chat('Tell me something', { thinking: { type: 'disabled' }, temperature: 0, max_tokens: 6 });
+  const plain = await client.chat.completions.create(base);
+  const quoted = await client.chat.completions.create({ ...base, logit_bias: { 4: 100 } });
+  assert.notStrictEqual(quoted.choices[0].message.content, plain.choices[0].message.content);
+  assert.strictEqual(quoted.choices[0].message.content, '"'.repeat(6));
+});

@@ -1,0 +1,177 @@
+#include "engine/json_constraint.h"
+
+#include <cmath>
+#include <string_view>
+
+#include "core/error.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
+
+namespace dsv4 {
+
+namespace {
+
+// Texts that change how the server reads an answer (text/completion_stream.h), by bit.
+enum Marker : uint8_t { kThinkEndBit = 1, kEosBit = 2, kBlockBit = 4 };
+const std::string& marker(int k) {
+  static const std::string m[3] = {kThinkEndText, kEosText, "\n\n<" + std::string(kDsmlText) + "tool_calls"};
+  return m[k];
+}
+constexpr int kMarkers = 3;
+
+size_t longest_marker() {
+  size_t n = 0;
+  for (int k = 0; k < kMarkers; ++k) n = std::max(n, marker(k).size());
+  return n;
+}
+
+// Whether marker m ends at bytes[i] in the text tail + bytes.
+bool ends_at(const std::string& tail, std::string_view bytes, size_t i, const std::string& m) {
+  const size_t end = tail.size() + i + 1;  // in the joined text
+  if (end < m.size()) return false;
+  for (size_t k = 0; k < m.size(); ++k) {
+    const size_t p = end - m.size() + k;
+    const char c = p < tail.size() ? tail[p] : bytes[p - tail.size()];
+    if (c != m[k]) return false;
+  }
+  return true;
+}
+
+// The first marker in `bits` that ends inside `bytes` (after tail): its number and the index in
+// bytes just past it; -1 when none does.
+int first_marker(const std::string& tail, std::string_view bytes, uint8_t bits, size_t& past) {
+  for (size_t i = 0; i < bytes.size(); ++i)
+    for (int k = 0; k < kMarkers; ++k)
+      if ((bits >> k & 1) && bytes[i] == marker(k).back() && ends_at(tail, bytes, i, marker(k))) {
+        past = i + 1;
+        return k;
+      }
+  return -1;
+}
+
+// Whether b, inside a JSON string, is text that leaves the string open and needs nothing after it.
+bool plain_string_text(const std::string& b) {
+  JsonPrefix j;
+  if (!j.push("{\"")) return false;
+  for (char c : b)
+    if (c == '"' || c == '\\' || !j.push(static_cast<uint8_t>(c))) return false;
+  return j.in_string_text();
+}
+
+}  // namespace
+
+JsonVocab::JsonVocab(const Tokenizer& tok, int64_t vocab, int32_t eos)
+    : bytes_(static_cast<size_t>(vocab)), kind_(static_cast<size_t>(vocab), Never), marker_end_(static_cast<size_t>(vocab), 0),
+      string_text_(static_cast<size_t>(vocab), 0), eos_(eos) {
+  if (auto t = tok.find_token(kThinkEndText); t && *t < vocab) think_end_ = *t;
+  const int64_t known = std::min<int64_t>(vocab, tok.vocab_size());
+  for (int64_t id = 0; id < known; ++id) {
+    const auto i = static_cast<int32_t>(id);
+    std::string b;
+    try {
+      b = tok.token_text(i);
+    } catch (const Error&) {
+      continue;  // an id the tokenizer does not know
+    }
+    if (b.empty() || i == eos) continue;
+    if (i == think_end_) kind_[id] = ThinkEnd;
+    else if (tok.is_added(i)) continue;  // chat markup
+    else kind_[id] = Plain;
+    for (int k = 0; k < kMarkers; ++k)
+      if (b.find(marker(k).back()) != std::string::npos) marker_end_[id] |= static_cast<uint8_t>(1 << k);
+    if (kind_[id] == Plain) by_first_[static_cast<uint8_t>(b[0])].push_back(i);
+    string_text_[id] = kind_[id] == Plain && plain_string_text(b);
+    bytes_[id] = std::move(b);
+  }
+}
+
+JsonConstraint::JsonConstraint(std::shared_ptr<const JsonVocab> vocab, bool reasoning_first)
+    : vocab_(std::move(vocab)), reasoning_(reasoning_first) {}
+
+bool JsonConstraint::reasoning_allows(const std::string& bytes, size_t& json_from) const {
+  json_from = std::string::npos;
+  size_t past = 0;
+  const int k = first_marker(tail_, bytes, kThinkEndBit | kEosBit | kBlockBit, past);
+  if (k < 0) return true;
+  if (k != 0) return false;  // the end-of-sentence text or a tool-call block: the answer would end
+  json_from = past;
+  const std::string_view rest = std::string_view(bytes).substr(past);
+  JsonPrefix j;
+  return j.push(rest) && rest.find(kEosText) == std::string_view::npos;
+}
+
+bool JsonConstraint::allows(int32_t id) const {
+  const JsonVocab& v = *vocab_;
+  if (id < 0 || id >= v.size()) return false;
+  if (!reasoning_ && json_.complete()) return id == v.eos_;
+  const uint8_t kind = v.kind_[static_cast<size_t>(id)];
+  const std::string& b = v.bytes_[static_cast<size_t>(id)];
+  const uint8_t ends = v.marker_end_[static_cast<size_t>(id)];
+  if (reasoning_) {
+    if (kind == JsonVocab::Never) return false;
+    size_t from;
+    return ends == 0 || reasoning_allows(b, from);
+  }
+  if (kind != JsonVocab::Plain) return false;
+  JsonPrefix j = json_;
+  if (!j.push(b)) return false;
+  size_t past;
+  return ends == 0 || first_marker(tail_, b, kEosBit | kBlockBit, past) < 0;
+}
+
+int64_t JsonConstraint::mask(float* logits) const {
+  const JsonVocab& v = *vocab_;
+  const int64_t V = v.size();
+  int64_t left = 0;
+  if (reasoning_ || json_.complete()) {
+    for (int64_t id = 0; id < V; ++id) {
+      if (allows(static_cast<int32_t>(id))) ++left;
+      else logits[id] = -INFINITY;
+    }
+  } else {
+    // Most tokens are decided by their first byte alone (outside strings, few bytes can come).
+    for (int64_t id = 0; id < V; ++id)
+      if (v.kind_[static_cast<size_t>(id)] != JsonVocab::Plain) logits[id] = -INFINITY;
+    // Inside a string's text, most tokens are text too, and fit whatever came before.
+    const bool text = json_.in_string_text();
+    for (int c = 0; c < 256; ++c) {
+      const std::vector<int32_t>& ids = v.by_first_[static_cast<size_t>(c)];
+      JsonPrefix first = json_;
+      const bool can = first.push(static_cast<uint8_t>(c));
+      for (int32_t id : ids) {
+        const std::string& b = v.bytes_[static_cast<size_t>(id)];
+        JsonPrefix j = first;
+        size_t past;
+        const bool ok = (text && v.string_text_[static_cast<size_t>(id)] ? true : can && j.push(std::string_view(b).substr(1))) &&
+                        (v.marker_end_[static_cast<size_t>(id)] == 0 || first_marker(tail_, b, kEosBit | kBlockBit, past) < 0);
+        if (ok) ++left;
+        else logits[id] = -INFINITY;
+      }
+    }
+  }
+  if (left == 0) throw Error("JSON constraint: no token can continue the answer (end-of-sentence token " + std::to_string(v.eos_) + ")",
+                              ErrorKind::Internal);
+  return left;
+}
+
+void JsonConstraint::push(int32_t id) {
+  if (!allows(id)) throw Error("JSON constraint: token " + std::to_string(id) + " cannot come next");
+  const JsonVocab& v = *vocab_;
+  if (id == v.eos_) return;
+  const std::string& b = v.bytes_[static_cast<size_t>(id)];
+  if (reasoning_) {
+    size_t from;
+    reasoning_allows(b, from);
+    if (from != std::string::npos) {
+      reasoning_ = false;
+      json_.push(std::string_view(b).substr(from));
+    }
+  } else {
+    json_.push(b);
+  }
+  static const size_t keep = longest_marker() - 1;
+  tail_ += b;
+  if (tail_.size() > keep) tail_.erase(0, tail_.size() - keep);
+}
+
+}  // namespace dsv4

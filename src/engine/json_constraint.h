@@ -1,0 +1,72 @@
+#pragma once
+// Sampling constrained to one JSON object (the server's response_format json_object). Before
+// each pick, the tokens that cannot continue the answer are masked (their logits set to
+// -infinity) and the sampler picks among the rest with its usual rules; the picked token is then
+// pushed. The answer is one JSON object (text/json_prefix.h) followed by the end-of-sentence
+// token, which is allowed only once the object is closed and is then the only token left.
+//
+// An answer that starts with reasoning (thinking mode) is free text up to "</think>", the JSON
+// object after it. The reasoning may not end the answer: the end-of-sentence token and text, and
+// the tool-call block's opening, which would end the reasoning without "</think>"
+// (text/completion_stream.h), are masked there, and a token that writes "</think>" must be
+// followed, within itself, by a JSON prefix. Added tokens (chat markup: "<｜User｜>", "｜DSML｜",
+// ...) are masked everywhere, except the "</think>" token while reasoning: the answer's text then
+// reads back exactly as the object the constraint checked.
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "text/json_prefix.h"
+
+namespace dsv4 {
+
+class Tokenizer;
+
+// The vocabulary as the constraint reads it: every token's bytes and whether it may appear,
+// grouped by first byte. Built once per tokenizer (~130k tokens, a few MB) and shared by every
+// constrained answer.
+class JsonVocab {
+ public:
+  // Ids in [0, vocab); ids the tokenizer does not know are masked always.
+  JsonVocab(const Tokenizer& tok, int64_t vocab, int32_t eos);
+
+  enum Kind : uint8_t { Never, Plain, ThinkEnd };
+  int64_t size() const { return static_cast<int64_t>(kind_.size()); }
+
+ private:
+  friend class JsonConstraint;
+  std::vector<std::string> bytes_;
+  std::vector<uint8_t> kind_;
+  std::vector<uint8_t> marker_end_;  // bit k: the token holds the last byte of marker k
+  std::vector<uint8_t> string_text_;  // whole UTF-8 characters, none of them '"', '\\' or a control
+  std::array<std::vector<int32_t>, 256> by_first_;  // plain tokens by first byte
+  int32_t eos_ = -1, think_end_ = -1;
+};
+
+class JsonConstraint {
+ public:
+  // `reasoning_first`: the answer starts with reasoning (thinking mode).
+  JsonConstraint(std::shared_ptr<const JsonVocab> vocab, bool reasoning_first);
+  // Masks logits[0, vocab size) in place; returns how many tokens are left (at least one).
+  int64_t mask(float* logits) const;
+  // The token picked (one mask() allowed). Throws dsv4::Error for a token it did not allow.
+  void push(int32_t id);
+  // Whether token `id` may come next (what mask() leaves).
+  bool allows(int32_t id) const;
+  bool reasoning() const { return reasoning_; }
+  bool complete() const { return json_.complete(); }
+
+ private:
+  // While reasoning: where "</think>" ends in tail_ + bytes (npos: it does not), or a forbidden
+  // marker found (returns false).
+  bool reasoning_allows(const std::string& bytes, size_t& json_from) const;
+
+  std::shared_ptr<const JsonVocab> vocab_;
+  bool reasoning_;
+  JsonPrefix json_;
+  std::string tail_;  // the answer's last bytes, as long as the longest marker less one
+};
+
+}  // namespace dsv4
