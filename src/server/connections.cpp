@@ -180,8 +180,10 @@ void RequestDeadline::check_sizes(const std::map<Peer, int>& live) {
       continue;
     }
     const std::string body = "{\"error\":{\"message\":\"the request exceeds the server's limit (" + std::to_string(max_request_bytes_) +
-                             " bytes of headers and body)\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":431}}";
-    const std::string res = "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                             " bytes of headers and body)\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":413}}";
+    // 413, not 431: the count cannot tell headers from body (cpp-httplib reads and discards an
+    // oversized body before it answers 413 itself, and this cut may come first).
+    const std::string res = "HTTP/1.1 413 Content Too Large\r\nContent-Type: application/json\r\nConnection: close\r\n"
                             "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
     {
       std::lock_guard<std::mutex> l(mu_);

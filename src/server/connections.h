@@ -53,7 +53,7 @@ bool peer_closed(int fd);
 // keeps every header as a map node: 201 MiB of 6-byte header lines grew the server by 3.7 GB
 // (~18x). So every 100 ms the bytes each connection has received since its last answer
 // (TCP_INFO) are checked against max_request_bytes (the body limit plus room for headers): past
-// it the connection gets a 431 and is closed. That bounds a header flood to ~18x the limit per
+// it the connection gets a 413 and is closed. That bounds a header flood to ~18x the limit per
 // connection, not the server's memory.
 class RequestDeadline {
  public:

@@ -101,7 +101,7 @@ std::string Metrics::render(const Gauges& g) const {
   counter("dsv4_streams_stalled_total", "Streams dropped because their client took no data for --stall-timeout.", stalled_);
   counter("dsv4_connections_timed_out_total", "Connections closed for sending no complete request within --read-timeout.", timed_out_);
   counter("dsv4_idle_connections_closed_total", "Idle keep-alive connections closed because new connections waited for a thread.", idle_closed_);
-  counter("dsv4_oversized_requests_total", "Connections answered 431 and closed: a request past the body limit plus 64 KiB of headers.", too_large_);
+  counter("dsv4_oversized_requests_total", "Connections answered 413 and closed: a request past the body limit plus 64 KiB of headers.", too_large_);
   gauge("dsv4_queue_depth", "Requests waiting for admission.", g.queue_depth);
   gauge("dsv4_running_sequences", "Requests being prefilled or decoded (the n choices of one count once).", g.running);
   gauge("dsv4_paused_requests", "Running requests left out of the steps: their client has not taken their output.", g.paused);

@@ -70,7 +70,8 @@ test('every bad input of issue 13 item 9 gets its status and a message naming it
   const bytes = Buffer.concat([Buffer.from('{"messages":[{"role":"user","content":"a'), Buffer.from([0xff, 0xfe]), Buffer.from('"}]}')]);
   const r = await fetch(srv.base + '/chat/completions', { method: 'POST', body: bytes });
   assert.strictEqual(r.status, 400);
-  // Oversized body: 413 with a JSON error.
+  // Oversized body: 413 with a JSON error (from cpp-httplib once it has read and dropped the body,
+  // or from the size cut while it reads: both say 413).
   const big = await post(JSON.stringify({ ...ok, pad: 'x'.repeat(9 << 20) }));
   assert.strictEqual(big.status, 413);
   // Unknown endpoint: 404 with a JSON error.
@@ -329,7 +330,7 @@ test('a flood of header lines is cut at the request size limit; large requests o
     }
     await Promise.race([closed, new Promise((_, no) => setTimeout(() => no(new Error(`not closed after ${sent} bytes`)), 10000))]);
     assert.ok(sent < 40 << 20, `closed only after all ${sent} bytes`);
-    assert.ok(got === '' || got.startsWith('HTTP/1.1 431 '), got.slice(0, 200));
+    assert.ok(got === '' || got.startsWith('HTTP/1.1 413 '), got.slice(0, 200));
     await logMatch(s, /closed the connection from 127\.0\.0\.1:\d+: its request passed \d+ bytes \(limit 8454144\)/);
     assert.strictEqual(await metric(s.url, 'dsv4_oversized_requests_total'), 1);
     // Three 3 MiB requests on one keep-alive connection (9 MiB in all): each is answered.
