@@ -12,6 +12,7 @@
 #include "server/request.h"
 #include "server/response.h"
 #include "text/chat.h"
+#include "text/json_grammar.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"
 #include "test_util.h"
@@ -107,7 +108,8 @@ TEST_F(ServerRequest, ChatBadFieldsName) {
       {R"("logprobs":"yes")", "logprobs"},
       {R"("top_logprobs":3)", "top_logprobs"},  // without logprobs
       {R"("logprobs":true,"top_logprobs":21)", "top_logprobs"},
-      {R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}})", "response_format.type"},
+      {R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string"}}})",
+       "response_format.json_schema.schema"},
       {R"("response_format":{"type":"xml"})", "response_format.type"},
       {R"("response_format":{"type":1})", "response_format.type"},
       {R"("response_format":[])", "response_format"},
@@ -273,20 +275,46 @@ TEST_F(ServerRequest, ChatFieldsAreRead) {
 
 TEST_F(ServerRequest, ResponseFormatJsonObject) {
   const ParsedRequest plain = parse(Api::OpenAiChat, chat_body(R"("response_format":{"type":"text"})"));
-  EXPECT_FALSE(plain.gen.json_object);
+  EXPECT_FALSE(plain.gen.json);
   const ParsedRequest think = parse(Api::OpenAiChat, chat_body(R"("response_format":{"type":"json_object"})"));
-  EXPECT_TRUE(think.gen.json_object);
+  EXPECT_EQ(think.gen.json, JsonGrammar::any_object());
   EXPECT_TRUE(think.gen.reasoning_first);
   // The prompt is the one without response_format (the client asks for JSON in its messages,
   // as with DeepSeek's API): the prefix cache is shared with plain requests.
   EXPECT_EQ(think.prompt_text, plain.prompt_text);
   const ParsedRequest chat =
       parse(Api::OpenAiChat, chat_body(R"("response_format":{"type":"json_object"},"thinking":{"type":"disabled"})"));
-  EXPECT_TRUE(chat.gen.json_object);
+  EXPECT_TRUE(chat.gen.json);
   EXPECT_FALSE(chat.gen.reasoning_first);
   // tool_choice none leaves the tools out, so JSON fits.
   EXPECT_TRUE(parse(Api::OpenAiChat, chat_body("\"tools\":[" + kTool + R"(],"tool_choice":"none","response_format":{"type":"json_object"})"))
-                  .gen.json_object);
+                  .gen.json);
+}
+
+TEST_F(ServerRequest, ResponseFormatJsonSchema) {
+  const std::string schema = R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"],"additionalProperties":false})";
+  const ParsedRequest r = parse(
+      Api::OpenAiChat, chat_body(R"("response_format":{"type":"json_schema","json_schema":{"name":"place","schema":)" + schema + "}}"));
+  ASSERT_TRUE(r.gen.json);
+  EXPECT_NE(r.gen.json, JsonGrammar::any_object());
+  // The schema is shown to the model in the system message's Response Format section (a system
+  // message is put first when there is none).
+  EXPECT_NE(r.prompt_text.find("## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n{\"type\": "
+                               "\"object\", \"properties\": {\"city\""),
+            std::string::npos)
+      << r.prompt_text;
+  EXPECT_EQ(r.prompt_text.rfind("<｜begin▁of▁sentence｜>\n\n## Response Format:", 0), 0u) << r.prompt_text;
+  // What the grammar cannot enforce is a 400 naming the keyword.
+  const std::vector<Bad> cases = {
+      {R"({"type":"json_schema"})", "response_format.json_schema"},
+      {R"({"type":"json_schema","json_schema":{"name":"x"}})", "response_format.json_schema.schema"},
+      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"d":{"type":"string","format":"date"}}}}})",
+       "response_format.json_schema.schema.properties.d.format"},
+      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"array"}}})", "response_format.json_schema.schema"},
+      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"n":{"type":"integer","minimum":0}}}}})",
+       "response_format.json_schema.schema.properties.n.minimum"},
+  };
+  for (const auto& c : cases) EXPECT_EQ(refused(Api::OpenAiChat, chat_body(R"("response_format":)" + c.extra)), c.param) << c.extra;
 }
 
 TEST_F(ServerRequest, ThinkingSwitches) {

@@ -51,8 +51,8 @@ int first_marker(const std::string& tail, std::string_view bytes, uint8_t bits, 
 
 // Whether b, inside a JSON string, is text that leaves the string open and needs nothing after it.
 bool plain_string_text(const std::string& b) {
-  JsonPrefix j;
-  if (!j.push("{\"")) return false;
+  JsonGrammarState j(JsonGrammar::any_object().get());
+  if (!j.push("{\"a\":\"")) return false;
   for (char c : b)
     if (c == '"' || c == '\\' || !j.push(static_cast<uint8_t>(c))) return false;
   return j.in_string_text();
@@ -85,8 +85,9 @@ JsonVocab::JsonVocab(const Tokenizer& tok, int64_t vocab, int32_t eos)
   }
 }
 
-JsonConstraint::JsonConstraint(std::shared_ptr<const JsonVocab> vocab, bool reasoning_first)
-    : vocab_(std::move(vocab)), reasoning_(reasoning_first) {}
+JsonConstraint::JsonConstraint(std::shared_ptr<const JsonVocab> vocab, std::shared_ptr<const JsonGrammar> grammar,
+                               bool reasoning_first)
+    : vocab_(std::move(vocab)), grammar_(std::move(grammar)), reasoning_(reasoning_first), json_(grammar_.get()) {}
 
 bool JsonConstraint::reasoning_allows(const std::string& bytes, size_t& json_from) const {
   json_from = std::string::npos;
@@ -96,7 +97,7 @@ bool JsonConstraint::reasoning_allows(const std::string& bytes, size_t& json_fro
   if (k != 0) return false;  // the end-of-sentence text or a tool-call block: the answer would end
   json_from = past;
   const std::string_view rest = std::string_view(bytes).substr(past);
-  JsonPrefix j;
+  JsonGrammarState j(grammar_.get());
   return j.push(rest) && rest.find(kEosText) == std::string_view::npos;
 }
 
@@ -113,7 +114,7 @@ bool JsonConstraint::allows(int32_t id) const {
     return ends == 0 || reasoning_allows(b, from);
   }
   if (kind != JsonVocab::Plain) return false;
-  JsonPrefix j = json_;
+  JsonGrammarState j = json_;
   if (!j.push(b)) return false;
   size_t past;
   return ends == 0 || first_marker(tail_, b, kEosBit | kBlockBit, past) < 0;
@@ -136,14 +137,20 @@ int64_t JsonConstraint::mask(float* logits) const {
     const bool text = json_.in_string_text();
     for (int c = 0; c < 256; ++c) {
       const std::vector<int32_t>& ids = v.by_first_[static_cast<size_t>(c)];
-      JsonPrefix first = json_;
-      const bool can = first.push(static_cast<uint8_t>(c));
+      JsonGrammarState first = json_;
+      if (!first.push(static_cast<uint8_t>(c))) {
+        for (int32_t id : ids) logits[id] = -INFINITY;
+        continue;
+      }
       for (int32_t id : ids) {
         const std::string& b = v.bytes_[static_cast<size_t>(id)];
-        JsonPrefix j = first;
+        bool ok = text && v.string_text_[static_cast<size_t>(id)];
+        if (!ok) {
+          JsonGrammarState j = first;
+          ok = j.push(std::string_view(b).substr(1));
+        }
         size_t past;
-        const bool ok = (text && v.string_text_[static_cast<size_t>(id)] ? true : can && j.push(std::string_view(b).substr(1))) &&
-                        (v.marker_end_[static_cast<size_t>(id)] == 0 || first_marker(tail_, b, kEosBit | kBlockBit, past) < 0);
+        ok = ok && (v.marker_end_[static_cast<size_t>(id)] == 0 || first_marker(tail_, b, kEosBit | kBlockBit, past) < 0);
         if (ok) ++left;
         else logits[id] = -INFINITY;
       }

@@ -1,9 +1,10 @@
 #pragma once
-// Sampling constrained to one JSON object (the server's response_format json_object). Before
+// Sampling constrained to JSON (the server's response_format json_object and json_schema). Before
 // each pick, the tokens that cannot continue the answer are masked (their logits set to
 // -infinity) and the sampler picks among the rest with its usual rules; the picked token is then
-// pushed. The answer is one JSON object (text/json_prefix.h) followed by the end-of-sentence
-// token, which is allowed only once the object is closed and is then the only token left.
+// pushed. The answer is one JSON object of the grammar (text/json_grammar.h: any object, or a
+// schema's) followed by the end-of-sentence token, which is allowed only once the object is
+// closed and is then the only token left.
 //
 // An answer that starts with reasoning (thinking mode) is free text up to "</think>", the JSON
 // object after it. The reasoning may not end the answer: the end-of-sentence token and text, and
@@ -18,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "text/json_prefix.h"
+#include "text/json_grammar.h"
 
 namespace dsv4 {
 
@@ -48,7 +49,7 @@ class JsonVocab {
 class JsonConstraint {
  public:
   // `reasoning_first`: the answer starts with reasoning (thinking mode).
-  JsonConstraint(std::shared_ptr<const JsonVocab> vocab, bool reasoning_first);
+  JsonConstraint(std::shared_ptr<const JsonVocab> vocab, std::shared_ptr<const JsonGrammar> grammar, bool reasoning_first);
   // Masks logits[0, vocab size) in place; returns how many tokens are left (at least one).
   int64_t mask(float* logits) const;
   // The token picked (one mask() allowed). Throws dsv4::Error for a token it did not allow.
@@ -64,8 +65,9 @@ class JsonConstraint {
   bool reasoning_allows(const std::string& bytes, size_t& json_from) const;
 
   std::shared_ptr<const JsonVocab> vocab_;
+  std::shared_ptr<const JsonGrammar> grammar_;
   bool reasoning_;
-  JsonPrefix json_;
+  JsonGrammarState json_;
   std::string tail_;  // the answer's last bytes, as long as the longest marker less one
 };
 

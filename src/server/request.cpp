@@ -3,6 +3,8 @@
 #include <cmath>
 #include <random>
 
+#include "text/json_grammar.h"
+
 namespace dsv4::server {
 
 using ojson = nlohmann::ordered_json;
@@ -163,7 +165,7 @@ void check_tools(const ojson& tools, const std::string& where) {
 
 // The chat's messages in the form render_chat takes, with the tools put on the system message
 // (the official encoding lists them in the first system turn; one is added when there is none).
-ojson chat_messages(const ojson& in, const ojson& tools, const ToolCallStore* store) {
+ojson chat_messages(const ojson& in, const ojson& tools, const ToolCallStore* store, const ojson& schema = nullptr) {
   if (!in.is_array()) bad_request("messages", std::string("must be a list, got ") + type_of(in));
   if (in.empty()) bad_request("messages", "must not be empty");
   ojson out = ojson::array();
@@ -208,9 +210,10 @@ ojson chat_messages(const ojson& in, const ojson& tools, const ToolCallStore* st
     }
     out.push_back(std::move(o));
   }
-  if (!tools.empty()) {
+  if (!tools.empty() || !schema.is_null()) {
     if (out[0]["role"] != "system") out.insert(out.begin(), ojson{{"role", "system"}, {"content", ""}});
-    out[0]["tools"] = tools;
+    if (!tools.empty()) out[0]["tools"] = tools;
+    if (!schema.is_null()) out[0]["response_format"] = schema;
   }
   return out;
 }
@@ -343,17 +346,30 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
   const int64_t top = f.integer("top_logprobs", -1, 0, 20);
   if (top >= 0 && !r.logprobs) bad_request("top_logprobs", "needs logprobs: true");
   r.gen.top_logprobs = r.logprobs ? static_cast<int>(std::max<int64_t>(top, 0)) : -1;
-  // response_format: text, or json_object (the answer is constrained to one JSON object, as
-  // DeepSeek's API offers); json_schema is not enforced, so it is refused.
+  // response_format: text, json_object (any JSON object, as DeepSeek's API offers) or
+  // json_schema (an object of the schema, which is also shown to the model in the system
+  // message's Response Format section). Either is enforced (engine/json_constraint.h).
+  ojson schema;
   if (const ojson* rf = f.get("response_format")) {
     if (!rf->is_object()) bad_request("response_format", "must be an object");
-    const std::string t = Fields{*rf, "response_format."}.string("type", "");
-    if (t == "json_object") r.gen.json_object = true;
-    else if (t == "json_schema")
-      bad_request("response_format.type", "json_schema is not supported: this server constrains output to a JSON object "
-                                          "(type json_object), not to a schema");
-    else if (t != "text")
-      bad_request("response_format.type", "must be text or json_object, got '" + t + "'");
+    const Fields rff{*rf, "response_format."};
+    const std::string t = rff.string("type", "");
+    if (t == "json_object") {
+      r.gen.json = JsonGrammar::any_object();
+    } else if (t == "json_schema") {
+      const ojson* js = rff.get("json_schema");
+      if (!js || !js->is_object()) bad_request("response_format.json_schema", "is required: {name, schema}");
+      const ojson* sc = Fields{*js, "response_format.json_schema."}.get("schema");
+      if (!sc) bad_request("response_format.json_schema.schema", "is required");
+      try {
+        r.gen.json = JsonGrammar::compile(*sc, "response_format.json_schema.schema");
+      } catch (const SchemaError& e) {
+        bad_request(e.path, e.why);
+      }
+      schema = *sc;
+    } else if (t != "text") {
+      bad_request("response_format.type", "must be text, json_object or json_schema, got '" + t + "'");
+    }
   }
   // Thinking: on by default; `thinking: {type}` or `chat_template_kwargs: {thinking}` switch it.
   bool thinking = true;
@@ -415,19 +431,19 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
       bad_request("tool_choice", "a required tool call cannot be forced in thinking mode; disable thinking "
                                  "(thinking: {type: disabled}) or use tool_choice auto");
   }
-  if (r.gen.json_object && !r.tools.empty())
-    bad_request("response_format", "json_object cannot be combined with tools: the answer is one JSON object, which "
+  if (r.gen.json && !r.tools.empty())
+    bad_request("response_format", "a JSON answer cannot be combined with tools: it is one JSON object, which "
                                    "leaves no place for a tool call (leave out tools, or send tool_choice none)");
   const ojson* msgs = f.get("messages");
   if (!msgs) bad_request("messages", "is required");
-  const ojson rendered = chat_messages(*msgs, r.tools, store);
+  const ojson rendered = chat_messages(*msgs, r.tools, store, schema);
   try {
     r.prompt_text = render_chat(rendered, co);
   } catch (const Error& e) {
     // The renderer's indices are of the list it got: one more than the client's when a system
     // message was put first to carry the tools.
     const bool shifted = rendered.size() != msgs->size();
-    bad_request("messages", std::string(e.what()) + (shifted ? " (counting a system message added first for the tools)" : ""));
+    bad_request("messages", std::string(e.what()) + (shifted ? " (counting a system message added first for the tools or the response format)" : ""));
   }
   if (forced_any) r.forced_prefix = forced_call_prefix(forced);
   const int64_t mt = f.integer("max_completion_tokens", f.integer("max_tokens", 0, 1, 1 << 30), 1, 1 << 30);

@@ -60,7 +60,7 @@ struct Scheduler::Choice {
       : index(i), seq(std::move(s)), sampler(seeded(p.sampling, i)), dec(tok), filter(p.stop, [this](std::string_view t) {
           released += t;
         }) {
-    if (json_vocab) json.emplace(std::move(json_vocab), p.reasoning_first);
+    if (json_vocab) json.emplace(std::move(json_vocab), p.json, p.reasoning_first);
   }
   static SamplingParams seeded(SamplingParams sp, int i) {
     sp.seed += static_cast<uint64_t>(i);
@@ -69,7 +69,7 @@ struct Scheduler::Choice {
   int index;
   Sequence seq;
   Sampler sampler;
-  std::optional<JsonConstraint> json;  // response_format json_object
+  std::optional<JsonConstraint> json;  // response_format json_object / json_schema
   StreamDecoder dec;
   StopFilter filter;
   std::string released;               // text the filter let through, not yet sent
@@ -247,7 +247,7 @@ bool Scheduler::picks_in_step(const Active& a, const Choice& c) const {
 }
 
 std::shared_ptr<const JsonVocab> Scheduler::json_vocab(const GenParams& p) {
-  if (!p.json_object) return nullptr;
+  if (!p.json) return nullptr;
   if (!json_vocab_) json_vocab_ = std::make_shared<const JsonVocab>(engine_.tokenizer(), engine_.info().vocab, engine_.info().eos);
   return json_vocab_;
 }

@@ -59,9 +59,10 @@ struct GenParams {
   // logit_bias: added to the logits before each pick (log-probabilities stay the model's). Such
   // choices pick on the host and never draft.
   std::vector<std::pair<int32_t, float>> logit_bias;
-  // response_format json_object: each choice is one JSON object, after its reasoning when it
-  // starts with one (engine/json_constraint.h). Such choices pick on the host and never draft.
-  bool json_object = false;
+  // response_format json_object / json_schema: each choice is one JSON object of this grammar,
+  // after its reasoning when it starts with one (engine/json_constraint.h); null: free text.
+  // Such choices pick on the host and never draft.
+  std::shared_ptr<const JsonGrammar> json;
   bool reasoning_first = false;           // the answer starts with reasoning (thinking mode)
 };
 
@@ -189,7 +190,7 @@ class Scheduler {
   void emit_id(Active& a, Choice& c, int32_t id, const float* logits);
   int64_t drafts_for(const Active& a, const Choice& c) const;
   void verify(Active& a, Choice& c, const std::vector<float>& logits);
-  std::shared_ptr<const JsonVocab> json_vocab(const GenParams& p);  // null unless p.json_object
+  std::shared_ptr<const JsonVocab> json_vocab(const GenParams& p);  // null unless p.json
 
   Engine& engine_;
   const SchedulerOptions opt_;

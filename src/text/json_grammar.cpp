@@ -1,0 +1,679 @@
+#include "text/json_grammar.h"
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+using ojson = nlohmann::ordered_json;
+using Node = JsonGrammar::Node;
+
+namespace {
+
+const std::set<std::string> kAnnotations = {"title",   "description", "default",    "examples", "$schema",
+                                            "$id",     "$comment",    "deprecated", "readOnly", "writeOnly"};
+const std::set<std::string> kKeywords = {"type",     "properties", "required", "additionalProperties", "items",
+                                         "minItems", "maxItems",   "enum",     "const",                "anyOf",
+                                         "oneOf",    "allOf",      "$ref",     "$defs",    "definitions"};
+
+[[noreturn]] void refuse(const std::string& path, const std::string& why) { throw SchemaError(path, why); }
+
+bool has(const ojson& s, const char* k) { return s.contains(k); }
+
+std::string byte_name(int b) {
+  if (b >= 0x21 && b < 0x7F) return std::string("'") + static_cast<char>(b) + "'";
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "0x%02X", b);
+  return buf;
+}
+
+}  // namespace
+
+struct GrammarCompiler {
+  JsonGrammar& g;
+  const ojson& root;
+  std::string root_path;
+  std::map<std::string, int> refs;
+  std::map<int, std::string> anyof_paths;
+  int any = -1;
+
+  int add(Node n) {
+    g.nodes_.push_back(std::move(n));
+    return static_cast<int>(g.nodes_.size()) - 1;
+  }
+
+  static Node enum_of(std::vector<std::string> texts, std::vector<uint8_t> numeric) {
+    Node n;
+    n.kind = JsonGrammar::Enum;
+    n.texts = std::move(texts);
+    n.numeric = std::move(numeric);
+    return n;
+  }
+
+  // Any JSON value: an object or array of any values, a string, a number, true, false or null.
+  int any_node() {
+    if (any >= 0) return any;
+    any = add(Node{});
+    Node obj;
+    obj.kind = JsonGrammar::Object;
+    obj.additional = any;
+    Node arr;
+    arr.kind = JsonGrammar::Array;
+    arr.items = any;
+    Node str, num;
+    str.kind = JsonGrammar::String;
+    num.kind = JsonGrammar::Number;
+    const int o = add(obj), a = add(arr), s = add(str), n = add(num), l = add(enum_of({"true", "false", "null"}, {0, 0, 0}));
+    g.nodes_[static_cast<size_t>(any)].branches = {o, a, s, n, l};
+    anyof_paths[any] = root_path;
+    return any;
+  }
+
+  int compile(const ojson& s, const std::string& path) {
+    if (s.is_boolean()) {
+      if (s.get<bool>()) return any_node();
+      refuse(path, "false: no value could match");
+    }
+    if (!s.is_object()) refuse(path, "must be a schema (an object)");
+    std::vector<std::string> constraints;
+    for (const auto& [k, v] : s.items()) {
+      if (kAnnotations.count(k)) continue;
+      if (!kKeywords.count(k))
+        refuse(path + "." + k, "is not enforced by this server (it enforces type, properties, required, "
+                               "additionalProperties, items, minItems, maxItems, enum, const, anyOf, oneOf, allOf of one and $ref)");
+      if (k != "$defs" && k != "definitions") constraints.push_back(k);
+    }
+    auto only = [&](const char* k) {
+      if (constraints.size() > 1) refuse(path, std::string(k) + " beside other keywords is not supported: put them in one place");
+    };
+    if (has(s, "allOf")) {
+      only("allOf");
+      if (!s["allOf"].is_array() || s["allOf"].size() != 1) refuse(path + ".allOf", "only a list of one schema is supported");
+      return compile(s["allOf"][0], path + ".allOf[0]");
+    }
+    if (has(s, "$ref")) {
+      only("$ref");
+      if (!s["$ref"].is_string()) refuse(path + ".$ref", "must be a string");
+      return ref(s["$ref"].get<std::string>(), path + ".$ref");
+    }
+    if (has(s, "enum") || has(s, "const")) {
+      if (has(s, "anyOf") || has(s, "oneOf")) refuse(path, "enum / const beside anyOf / oneOf is not supported");
+      const bool c = has(s, "const");
+      if (c && has(s, "enum")) refuse(path, "enum and const together are not supported");
+      const std::string where = path + (c ? ".const" : ".enum");
+      const ojson values = c ? ojson::array({s["const"]}) : s["enum"];
+      if (!values.is_array() || values.empty()) refuse(where, "must be a non-empty list");
+      if (values.size() > 64) refuse(where, "at most 64 values, got " + std::to_string(values.size()));
+      std::vector<std::string> texts;
+      std::vector<uint8_t> numeric;
+      for (size_t i = 0; i < values.size(); ++i) {
+        const ojson& v = values[i];
+        if (v.is_object() || v.is_array())
+          refuse(c ? where : where + "[" + std::to_string(i) + "]", "only strings, numbers, booleans and null are supported");
+        texts.push_back(v.dump());
+        numeric.push_back(v.is_number());
+      }
+      return add(enum_of(std::move(texts), std::move(numeric)));
+    }
+    if (has(s, "anyOf") || has(s, "oneOf")) {
+      const char* k = has(s, "anyOf") ? "anyOf" : "oneOf";
+      only(k);
+      const ojson& list = s[k];
+      if (!list.is_array() || list.empty()) refuse(path + "." + k, "must be a non-empty list of schemas");
+      std::vector<int> branches;
+      for (size_t i = 0; i < list.size(); ++i) branches.push_back(compile(list[i], path + "." + k + "[" + std::to_string(i) + "]"));
+      Node n;
+      n.branches = std::move(branches);
+      const int id = add(std::move(n));
+      anyof_paths[id] = path + "." + k;
+      return id;
+    }
+    if (!has(s, "type")) {
+      if (has(s, "properties") || has(s, "required") || has(s, "additionalProperties")) return typed(s, "object", path);
+      if (has(s, "items") || has(s, "minItems") || has(s, "maxItems")) return typed(s, "array", path);
+      return any_node();
+    }
+    const ojson& t = s["type"];
+    if (t.is_string()) return typed(s, t.get<std::string>(), path);
+    if (!t.is_array() || t.empty()) refuse(path + ".type", "must be a type name or a non-empty list of them");
+    std::vector<int> branches;
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (!t[i].is_string()) refuse(path + ".type[" + std::to_string(i) + "]", "must be a type name");
+      branches.push_back(typed(s, t[i].get<std::string>(), path));
+    }
+    if (branches.size() == 1) return branches[0];
+    Node n;
+    n.branches = std::move(branches);
+    const int id = add(std::move(n));
+    anyof_paths[id] = path + ".type";
+    return id;
+  }
+
+  int typed(const ojson& s, const std::string& type, const std::string& path) {
+    Node n;
+    if (type == "object") {
+      n.kind = JsonGrammar::Object;
+      if (has(s, "properties")) {
+        const ojson& props = s["properties"];
+        if (!props.is_object()) refuse(path + ".properties", "must be an object of schemas");
+        if (props.size() > 64) refuse(path + ".properties", "at most 64 properties, got " + std::to_string(props.size()));
+        for (const auto& [k, v] : props.items()) {
+          const std::string text = ojson(k).dump();
+          if (text.find('\\') != std::string::npos)
+            refuse(path + ".properties." + k, "a property name that needs an escape in JSON is not supported");
+          const int value = compile(v, path + ".properties." + k);
+          n.keys.push_back(text);
+          n.values.push_back(value);
+        }
+      }
+      if (has(s, "required")) {
+        const ojson& req = s["required"];
+        if (!req.is_array()) refuse(path + ".required", "must be a list of property names");
+        for (size_t i = 0; i < req.size(); ++i) {
+          const std::string w = path + ".required[" + std::to_string(i) + "]";
+          if (!req[i].is_string()) refuse(w, "must be a property name");
+          const std::string text = req[i].dump();
+          size_t k = 0;
+          while (k < n.keys.size() && n.keys[k] != text) ++k;
+          if (k == n.keys.size()) refuse(w, "'" + req[i].get<std::string>() + "' is not one of the properties");
+          n.required |= uint64_t{1} << k;
+        }
+      }
+      n.additional = any_node();
+      if (has(s, "additionalProperties")) {
+        const ojson& a = s["additionalProperties"];
+        if (a.is_boolean()) n.additional = a.get<bool>() ? any_node() : -1;
+        else n.additional = compile(a, path + ".additionalProperties");
+      }
+    } else if (type == "array") {
+      n.kind = JsonGrammar::Array;
+      if (has(s, "items") && s["items"].is_array()) refuse(path + ".items", "a list of schemas (tuple) is not supported");
+      n.items = has(s, "items") ? compile(s["items"], path + ".items") : any_node();
+      auto count = [&](const char* k, uint32_t def) {
+        if (!has(s, k)) return def;
+        const ojson& v = s[k];
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (int64_t{1} << 30))
+          refuse(path + "." + k, "must be an integer in [0, 2^30]");
+        return static_cast<uint32_t>(v.get<int64_t>());
+      };
+      n.min_items = count("minItems", 0);
+      n.max_items = count("maxItems", UINT32_MAX);
+      if (n.min_items > n.max_items) refuse(path + ".minItems", "is above maxItems");
+    } else if (type == "string") {
+      n.kind = JsonGrammar::String;
+    } else if (type == "number") {
+      n.kind = JsonGrammar::Number;
+    } else if (type == "integer") {
+      n.kind = JsonGrammar::Integer;
+    } else if (type == "boolean") {
+      return add(enum_of({"true", "false"}, {0, 0}));
+    } else if (type == "null") {
+      return add(enum_of({"null"}, {0}));
+    } else {
+      refuse(path + ".type", "unknown type '" + type + "'");
+    }
+    return add(std::move(n));
+  }
+
+  int ref(const std::string& r, const std::string& path) {
+    if (auto it = refs.find(r); it != refs.end()) return it->second;
+    const ojson* target = nullptr;
+    std::string where = root_path;
+    if (r == "#") {
+      target = &root;
+    } else {
+      for (const char* defs : {"#/$defs/", "#/definitions/"}) {
+        const std::string p = defs;
+        if (r.compare(0, p.size(), p) != 0) continue;
+        const std::string section = p.substr(2, p.size() - 3);
+        // The name is a JSON pointer token: ~1 is '/', ~0 is '~'.
+        std::string name;
+        for (size_t i = p.size(); i < r.size(); ++i) {
+          if (r[i] == '~' && i + 1 < r.size() && (r[i + 1] == '0' || r[i + 1] == '1')) name += r[++i] == '0' ? '~' : '/';
+          else if (r[i] == '/') refuse(path, "'" + r + "': only #, #/$defs/NAME and #/definitions/NAME are supported");
+          else name += r[i];
+        }
+        if (root.is_object() && root.contains(section) && root[section].is_object() && root[section].contains(name)) {
+          target = &root[section][name];
+          where = root_path + "." + section + "." + name;
+        }
+      }
+      if (!target) refuse(path, "'" + r + "' is not in the schema (supported: #, #/$defs/NAME, #/definitions/NAME)");
+    }
+    const int slot = add(Node{});
+    refs[r] = slot;
+    anyof_paths[slot] = where;  // (for a $ref that only refers to itself)
+    const int n = compile(*target, where);
+    g.nodes_[static_cast<size_t>(slot)] = g.nodes_[static_cast<size_t>(n)];
+    if (auto it = anyof_paths.find(n); it != anyof_paths.end()) anyof_paths[slot] = it->second;
+    return slot;
+  }
+
+  // The bytes each node's values can start with (a fixpoint: anyOf may be recursive), then each
+  // anyOf's branch per byte.
+  void finish() {
+    const size_t N = g.nodes_.size();
+    if (N > 30000) refuse(root_path, "the schema is too large (" + std::to_string(N) + " nodes; at most 30000)");
+    g.first_.assign(N, {0, 0, 0, 0});
+    auto set = [&](size_t i, uint8_t b) { g.first_[i][b >> 6] |= uint64_t{1} << (b & 63); };
+    for (size_t i = 0; i < N; ++i) {
+      const Node& n = g.nodes_[i];
+      switch (n.kind) {
+        case JsonGrammar::Object: set(i, '{'); break;
+        case JsonGrammar::Array: set(i, '['); break;
+        case JsonGrammar::String: set(i, '"'); break;
+        case JsonGrammar::Number:
+        case JsonGrammar::Integer:
+          set(i, '-');
+          for (uint8_t d = '0'; d <= '9'; ++d) set(i, d);
+          break;
+        case JsonGrammar::Enum:
+          for (const std::string& t : n.texts) set(i, static_cast<uint8_t>(t[0]));
+          break;
+        case JsonGrammar::AnyOf: break;
+      }
+    }
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t i = 0; i < N; ++i)
+        for (int b : g.nodes_[i].branches)
+          for (int w = 0; w < 4; ++w) {
+            const uint64_t u = g.first_[i][w] | g.first_[static_cast<size_t>(b)][w];
+            if (u != g.first_[i][w]) g.first_[i][w] = u, changed = true;
+          }
+    }
+    for (size_t i = 0; i < N; ++i) {
+      Node& n = g.nodes_[i];
+      if (n.kind != JsonGrammar::AnyOf) continue;
+      const std::string& where = anyof_paths.count(static_cast<int>(i)) ? anyof_paths[static_cast<int>(i)] : root_path;
+      n.by_first.fill(-1);
+      bool any_byte = false;
+      for (int c = 0; c < 256; ++c)
+        for (size_t k = 0; k < n.branches.size(); ++k) {
+          const size_t b = static_cast<size_t>(n.branches[k]);
+          if (!(g.first_[b][c >> 6] >> (c & 63) & 1)) continue;
+          if (n.by_first[static_cast<size_t>(c)] >= 0)
+            refuse(where, "two branches can both start with " + byte_name(c) +
+                              ": the branches must start differently (e.g. a string or null), so that a value's first "
+                              "byte picks its branch");
+          n.by_first[static_cast<size_t>(c)] = static_cast<int16_t>(b);
+          any_byte = true;
+        }
+      if (!any_byte) refuse(where, "no value can match it (a $ref that only refers to itself?)");
+    }
+  }
+};
+
+std::shared_ptr<const JsonGrammar> JsonGrammar::compile(const ojson& schema, const std::string& path) {
+  auto g = std::make_shared<JsonGrammar>();
+  GrammarCompiler c{*g, schema, path, {}, {}};
+  const int root = c.compile(schema, path);
+  c.finish();
+  if (g->nodes_[static_cast<size_t>(root)].kind != Object)
+    refuse(path, "the root must be an object schema (type: object): the answer is one JSON object");
+  g->root_ = root;
+  return g;
+}
+
+std::shared_ptr<const JsonGrammar> JsonGrammar::any_object() {
+  static const std::shared_ptr<const JsonGrammar> g = compile(ojson{{"type", "object"}}, "any object");
+  return g;
+}
+
+bool JsonGrammar::starts(int n, uint8_t b) const { return first_[static_cast<size_t>(n)][b >> 6] >> (b & 63) & 1; }
+
+// ---- the automaton ----
+
+namespace {
+
+// Lexer modes: a string's text, then the number parts.
+enum Lex : uint8_t { Text, Esc, Hex, Utf8, Minus, Zero, Int, Dot, Frac, Exp, ExpSign, ExpDigits };
+// Surrogates: a high one (\uD800-\uDBFF) must be followed at once by an escaped low one.
+enum Pair : uint8_t { None, WantBackslash, WantU, InLow };
+// Object phases: after '{', in a key, before ':', before a value, after a value, after ','.
+enum ObjPhase : uint8_t { OOpen, OKey, OColon, OValue, OAfter, OComma };
+// Array phases: after '[', after a value, after ','.
+enum ArrPhase : uint8_t { AOpen, AAfter, ANext };
+
+int hex_value(uint8_t b) {
+  if (b >= '0' && b <= '9') return b - '0';
+  if (b >= 'a' && b <= 'f') return b - 'a' + 10;
+  if (b >= 'A' && b <= 'F') return b - 'A' + 10;
+  return -1;
+}
+
+uint64_t low_bits(size_t n) { return n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1; }
+
+}  // namespace
+
+JsonGrammarState& JsonGrammarState::operator=(const JsonGrammarState& o) {
+  if (this == &o) return *this;
+  g_ = o.g_;
+  std::memcpy(frames_.data(), o.frames_.data(), sizeof(Frame) * static_cast<size_t>(o.depth_));
+  depth_ = o.depth_, containers_ = o.containers_, done_ = o.done_, spaces_ = o.spaces_;
+  lex_ = o.lex_, pair_ = o.pair_, left_ = o.left_, lo_ = o.lo_, hi_ = o.hi_, code_ = o.code_;
+  return *this;
+}
+
+bool JsonGrammarState::in_string_text() const {
+  return depth_ > 0 && g_->node(frames_[static_cast<size_t>(depth_ - 1)].node).kind == JsonGrammar::String && lex_ == Text &&
+         pair_ == None;
+}
+
+bool JsonGrammarState::key_possible(const Frame& f) const {
+  const Node& n = g_->node(f.node);
+  return n.additional >= 0 || (~f.seen & low_bits(n.keys.size())) != 0;
+}
+
+bool JsonGrammarState::begin_value(int node, uint8_t b) {
+  int id = node;
+  while (g_->node(id).kind == JsonGrammar::AnyOf) {
+    id = g_->node(id).by_first[b];
+    if (id < 0) return false;
+  }
+  const Node& n = g_->node(id);
+  if (depth_ >= static_cast<int>(frames_.size())) return false;
+  Frame& f = frames_[static_cast<size_t>(depth_)];
+  f = Frame{static_cast<int16_t>(id), 0, -1, 0, 0, 0, 0};
+  switch (n.kind) {
+    case JsonGrammar::Object:
+    case JsonGrammar::Array:
+      if (b != (n.kind == JsonGrammar::Object ? '{' : '[') || containers_ >= kMaxDepth) return false;
+      ++containers_;
+      break;
+    case JsonGrammar::String:
+      if (b != '"') return false;
+      lex_ = Text, pair_ = None;
+      break;
+    case JsonGrammar::Number:
+    case JsonGrammar::Integer:
+      left_ = 1;
+      if (b == '-') lex_ = Minus;
+      else if (b == '0') lex_ = Zero;
+      else if (b >= '1' && b <= '9') lex_ = Int;
+      else return false;
+      break;
+    case JsonGrammar::Enum:
+      for (size_t k = 0; k < n.texts.size(); ++k)
+        if (static_cast<uint8_t>(n.texts[k][0]) == b) f.cand |= uint64_t{1} << k;
+      if (!f.cand) return false;
+      f.pos = 1;
+      break;
+    case JsonGrammar::AnyOf: return false;
+  }
+  ++depth_;
+  return true;
+}
+
+// The top value is complete: it leaves its container's phase "after a value".
+void JsonGrammarState::end_value() {
+  --depth_;
+  const JsonGrammar::Kind k = g_->node(frames_[static_cast<size_t>(depth_)].node).kind;
+  if (k == JsonGrammar::Object || k == JsonGrammar::Array) --containers_;
+  if (depth_ == 0) {
+    done_ = true;
+    return;
+  }
+  Frame& p = frames_[static_cast<size_t>(depth_ - 1)];
+  if (g_->node(p.node).kind == JsonGrammar::Object) {
+    if (p.prop >= 0) p.seen |= uint64_t{1} << p.prop;
+    p.phase = OAfter;
+  } else {
+    ++p.count;
+    p.phase = AAfter;
+  }
+}
+
+// A string's text byte other than '"' and '\' (UTF-8 checked: the lead byte fixes the length and
+// the range of the first continuation byte, which rules out overlong forms, surrogates and code
+// points above U+10FFFF).
+bool JsonGrammarState::string_byte(uint8_t b, bool key) {
+  switch (lex_) {
+    case Esc:
+      if (pair_ == WantU || b == 'u') {
+        if (b != 'u') return false;
+        lex_ = Hex, left_ = 4, code_ = 0;
+        if (pair_ == WantU) pair_ = InLow;
+        return true;
+      }
+      if (b == 0 || !std::strchr("\"\\/bfnrt", b)) return false;
+      lex_ = Text;
+      return true;
+    case Hex: {
+      const int v = hex_value(b);
+      if (v < 0) return false;
+      code_ = static_cast<uint16_t>(code_ << 4 | v);
+      const int seen = 4 - --left_;
+      if (pair_ == InLow) {  // the low half of a pair: \uDC00-\uDFFF
+        if ((seen == 1 && code_ != 0xD) || (seen == 2 && code_ < 0xDC)) return false;
+        if (left_ == 0) pair_ = None, lex_ = Text;
+        return true;
+      }
+      if (seen == 2 && code_ >= 0xDC && code_ <= 0xDF) return false;  // a low half alone
+      if (left_ == 0) {
+        if (code_ >= 0xD800 && code_ <= 0xDBFF) pair_ = WantBackslash;
+        lex_ = Text;
+      }
+      return true;
+    }
+    case Utf8:
+      if (b < lo_ || b > hi_) return false;
+      lo_ = 0x80, hi_ = 0xBF;
+      if (--left_ == 0) lex_ = Text;
+      return true;
+    default: break;
+  }
+  if (pair_ == WantBackslash) {
+    if (b != '\\') return false;
+    lex_ = Esc, pair_ = WantU;
+    return true;
+  }
+  if (b == '"') {
+    if (key) return false;  // a key's end is its object's to decide
+    end_value();
+    return true;
+  }
+  if (b == '\\') {
+    lex_ = Esc;
+    return true;
+  }
+  if (b < 0x20) return false;  // control characters must be escaped
+  if (b < 0x80) return true;
+  lo_ = 0x80, hi_ = 0xBF;
+  if (b >= 0xC2 && b <= 0xDF) left_ = 1;
+  else if (b == 0xE0) left_ = 2, lo_ = 0xA0;
+  else if (b == 0xED) left_ = 2, hi_ = 0x9F;
+  else if (b >= 0xE1 && b <= 0xEF) left_ = 2;
+  else if (b == 0xF0) left_ = 3, lo_ = 0x90;
+  else if (b == 0xF4) left_ = 3, hi_ = 0x8F;
+  else if (b >= 0xF1 && b <= 0xF3) left_ = 3;
+  else return false;
+  lex_ = Utf8;
+  return true;
+}
+
+// left_ counts the number's bytes: a byte that needs another after it ('.', 'e', a sign of the
+// exponent) is taken only while two fit under kMaxNumber, a digit while one does; otherwise the
+// number ends there.
+bool JsonGrammarState::number_byte(uint8_t b, bool integer, bool& ended) {
+  const bool digit = b >= '0' && b <= '9';
+  const int room = kMaxNumber - left_;
+  auto take = [&](Lex next) {
+    lex_ = next;
+    ++left_;
+    return true;
+  };
+  switch (lex_) {
+    case Minus:
+      if (!digit) return false;
+      return take(b == '0' ? Zero : Int);
+    case Dot:
+      if (!digit) return false;
+      return take(Frac);
+    case Exp:
+      if ((b == '+' || b == '-') && room >= 2) return take(ExpSign);
+      if (digit) return take(ExpDigits);
+      return false;
+    case ExpSign:
+      if (!digit) return false;
+      return take(ExpDigits);
+    default:  // Zero, Int, Frac, ExpDigits: the number may end here
+      if (digit && lex_ != Zero && room >= 1) return take(static_cast<Lex>(lex_));
+      if (b == '.' && !integer && (lex_ == Zero || lex_ == Int) && room >= 2) return take(Dot);
+      if ((b == 'e' || b == 'E') && !integer && lex_ != ExpDigits && room >= 2) return take(Exp);
+      ended = true;
+      return true;
+  }
+}
+
+JsonGrammarState::Step JsonGrammarState::step(uint8_t b, bool ws) {
+  if (done_) return Step::Refused;
+  auto space = [&] { return ++spaces_ <= kMaxSpaces ? Step::Taken : Step::Refused; };
+  auto ok = [](bool t) { return t ? Step::Taken : Step::Refused; };
+  if (depth_ == 0) return ws ? space() : ok(begin_value(g_->root(), b));
+  Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+  const Node& n = g_->node(f.node);
+  switch (n.kind) {
+    case JsonGrammar::String: return ok(string_byte(b, false));
+    case JsonGrammar::Number:
+    case JsonGrammar::Integer: {
+      bool ended = false;
+      if (!number_byte(b, n.kind == JsonGrammar::Integer, ended)) return Step::Refused;
+      if (!ended) return Step::Taken;
+      end_value();
+      return Step::Again;
+    }
+    case JsonGrammar::Enum: {
+      uint64_t next = 0;
+      bool whole_number = false;
+      for (size_t k = 0; k < n.texts.size(); ++k) {
+        if (!(f.cand >> k & 1)) continue;
+        const std::string& t = n.texts[k];
+        if (f.pos < t.size() && static_cast<uint8_t>(t[f.pos]) == b) next |= uint64_t{1} << k;
+        else if (f.pos == t.size() && n.numeric[k]) whole_number = true;
+      }
+      if (next) {
+        f.cand = next;
+        ++f.pos;
+        // A string, true, false or null is not the beginning of another value: complete, it ends.
+        for (size_t k = 0; k < n.texts.size(); ++k)
+          if ((next >> k & 1) && n.texts[k].size() == f.pos && !n.numeric[k]) {
+            end_value();
+            break;
+          }
+        return Step::Taken;
+      }
+      if (!whole_number) return Step::Refused;
+      end_value();
+      return Step::Again;
+    }
+    case JsonGrammar::Object:
+      switch (f.phase) {
+        case OOpen:
+        case OComma:
+          if (ws) return space();
+          if (b == '"' && key_possible(f)) {
+            f.phase = OKey, f.pos = 1, f.prop = -1;
+            f.cand = (n.additional >= 0 ? ~uint64_t{0} : ~f.seen) & low_bits(n.keys.size());
+            lex_ = Text, pair_ = None;
+            return Step::Taken;
+          }
+          if (b == '}' && f.phase == OOpen && (f.seen & n.required) == n.required) {
+            end_value();
+            return Step::Taken;
+          }
+          return Step::Refused;
+        case OKey: {
+          // Declared keys are matched byte by byte (candidates narrowing); with other keys
+          // allowed, any key text is taken too.
+          const bool free = n.additional >= 0;
+          uint64_t next = 0;
+          int whole = -1;
+          for (size_t k = 0; k < n.keys.size(); ++k) {
+            if (!(f.cand >> k & 1)) continue;
+            const std::string& t = n.keys[k];
+            if (f.pos < t.size() && static_cast<uint8_t>(t[f.pos]) == b) {
+              next |= uint64_t{1} << k;
+              if (f.pos + 1u == t.size()) whole = static_cast<int>(k);
+            }
+          }
+          if (b == '"' && lex_ == Text && pair_ == None) {
+            if (whole >= 0) {
+              if (f.seen >> whole & 1) return Step::Refused;  // given already
+              f.prop = static_cast<int16_t>(whole);
+            } else if (!free) {
+              return Step::Refused;
+            }
+            f.phase = OColon;
+            return Step::Taken;
+          }
+          // Escapes only where no property is declared: declared keys are compared as written.
+          if ((b == '\\' && !n.keys.empty()) || !string_byte(b, true)) return Step::Refused;
+          if (!next && !free) return Step::Refused;
+          if (f.cand) f.cand = next, ++f.pos;
+          return Step::Taken;
+        }
+        case OColon:
+          if (ws) return space();
+          if (b != ':') return Step::Refused;
+          f.phase = OValue;
+          return Step::Taken;
+        case OValue:
+          if (ws) return space();
+          return ok(begin_value(f.prop >= 0 ? n.values[static_cast<size_t>(f.prop)] : n.additional, b));
+        default:  // OAfter
+          if (ws) return space();
+          if (b == ',' && key_possible(f)) {
+            f.phase = OComma;
+            return Step::Taken;
+          }
+          if (b == '}' && (f.seen & n.required) == n.required) {
+            end_value();
+            return Step::Taken;
+          }
+          return Step::Refused;
+      }
+    case JsonGrammar::Array:
+      if (ws) return space();
+      switch (f.phase) {
+        case AOpen:
+          if (b == ']' && n.min_items == 0) {
+            end_value();
+            return Step::Taken;
+          }
+          return ok(n.max_items > 0 && begin_value(n.items, b));
+        case AAfter:
+          if (b == ',' && f.count < n.max_items) {
+            f.phase = ANext;
+            return Step::Taken;
+          }
+          if (b == ']' && f.count >= n.min_items) {
+            end_value();
+            return Step::Taken;
+          }
+          return Step::Refused;
+        default:  // ANext
+          return ok(begin_value(n.items, b));
+      }
+    case JsonGrammar::AnyOf: break;
+  }
+  return Step::Refused;
+}
+
+bool JsonGrammarState::push(uint8_t b) {
+  const bool ws = b == ' ' || b == '\t' || b == '\n' || b == '\r';
+  if (!ws) spaces_ = 0;
+  for (;;) {
+    switch (step(b, ws)) {
+      case Step::Refused: return false;
+      case Step::Taken: return true;
+      case Step::Again: break;  // a number ended: the byte is its container's
+    }
+  }
+}
+
+}  // namespace dsv4

@@ -1,0 +1,148 @@
+#pragma once
+// JSON a constrained answer must be, decided byte by byte (engine/json_constraint.h). A
+// JsonGrammar is a JSON schema compiled to a few node kinds (response_format json_schema), or
+// "any JSON object" (json_object); a JsonGrammarState is the state of the pushdown automaton
+// reading an answer against it: small, and copied for every candidate token.
+//
+// Prefix property: push() refuses a byte exactly when no text accepted by the grammar starts with
+// the bytes accepted so far plus it. Texts are strict RFC 8259 JSON in UTF-8 (no control
+// characters in strings, valid UTF-8 without overlong forms or surrogates, `\u` surrogates only
+// as a high + low pair, JSON's number grammar), whose top-level value is an object, with nothing
+// after it. Two limits, so that a model cannot stall an answer: at most kMaxDepth open arrays /
+// objects (deeper ones are refused; strings, numbers and literals still fit), at most
+// kMaxSpaces whitespace bytes in a row between tokens and at most kMaxNumber bytes in a number.
+//
+// Schemas (compile()): the subset a grammar can hold exactly, the rest refused with the keyword's
+// path, never ignored:
+// - type: object, array, string, number, integer, boolean, null, or a list of them;
+// - objects: properties, required (each one of the properties), additionalProperties (true by
+//   default, false, or a schema); keys in any order, each declared one at most once; in an
+//   object with declared properties every key is written without escapes (the automaton
+//   compares keys byte by byte: a property name that needs one is refused); at most 64
+//   properties;
+// - arrays: items (one schema), minItems, maxItems;
+// - integers are written without fraction or exponent;
+// - enum and const of strings, numbers, booleans and null (at most 64 values), written as
+//   nlohmann writes them (strings with their characters as they are, no escapes but the needed);
+// - anyOf / oneOf whose branches start with different bytes (a string or null, an object or an
+//   array, ...), so the first byte of a value picks its branch (then anyOf = oneOf);
+// - $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" of the root, recursion included;
+//   allOf of one schema (what pydantic writes around a $ref);
+// - annotations are ignored: title, description, default, examples, $schema, $id, $comment,
+//   deprecated, readOnly, writeOnly.
+// The root must be an object schema.
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+// What compile() refuses: `path` names the keyword (e.g. "...schema.properties.when.format").
+struct SchemaError : Error {
+  SchemaError(std::string p, std::string w) : Error(p + ": " + w), path(std::move(p)), why(std::move(w)) {}
+  std::string path, why;
+};
+
+class JsonGrammar {
+ public:
+  // Any JSON object (response_format json_object).
+  static std::shared_ptr<const JsonGrammar> any_object();
+  // A schema; throws SchemaError for what it cannot enforce, its path starting with `path`, the
+  // schema's own name in the request (e.g. "response_format.json_schema.schema").
+  static std::shared_ptr<const JsonGrammar> compile(const nlohmann::ordered_json& schema, const std::string& path);
+
+  enum Kind : uint8_t { Object, Array, String, Number, Integer, Enum, AnyOf };
+  struct Node {
+    Kind kind = AnyOf;
+    // Object: the keys as written (with their quotes), their value nodes, the required ones (bits),
+    // the node of other keys (-1: none).
+    std::vector<std::string> keys;
+    std::vector<int> values;
+    uint64_t required = 0;
+    int additional = -1;
+    // Array
+    int items = -1;
+    uint32_t min_items = 0, max_items = UINT32_MAX;
+    // Enum: each value's JSON text; numeric ones end only at the byte after them.
+    std::vector<std::string> texts;
+    std::vector<uint8_t> numeric;
+    // AnyOf: the branches; by_first[b] is the branch a value starting with byte b takes (-1: none).
+    std::vector<int> branches;
+    std::array<int16_t, 256> by_first{};
+  };
+  const Node& node(int i) const { return nodes_[static_cast<size_t>(i)]; }
+  int root() const { return root_; }
+  // Whether a value of node n can start with byte b.
+  bool starts(int n, uint8_t b) const;
+
+ private:
+  friend struct GrammarCompiler;
+  std::vector<Node> nodes_;
+  std::vector<std::array<uint64_t, 4>> first_;  // per node: the bytes a value can start with
+  int root_ = -1;
+};
+
+class JsonGrammarState {
+ public:
+  static constexpr int kMaxDepth = 64;
+  static constexpr int kMaxSpaces = 32;
+  static constexpr int kMaxNumber = 64;
+
+  // `g` must outlive the state (and its copies): the state holds a plain pointer, as it is copied
+  // for every candidate token.
+  explicit JsonGrammarState(const JsonGrammar* g) : g_(g) {}
+  JsonGrammarState(const JsonGrammarState& o) { *this = o; }
+  JsonGrammarState& operator=(const JsonGrammarState& o);  // copies the open frames only
+
+  // Feeds one byte: false when it cannot follow (the state is then unusable: test on a copy).
+  bool push(uint8_t b);
+  // Feeds bytes in order; false as soon as one cannot follow.
+  bool push(std::string_view s) {
+    for (char c : s)
+      if (!push(static_cast<uint8_t>(c))) return false;
+    return true;
+  }
+  // The top-level object is closed: the text is complete.
+  bool complete() const { return done_; }
+  // Inside a free string's text (not a key, not an enum value), where any characters but '"',
+  // '\' and controls leave the state as it is (the mask's fast path).
+  bool in_string_text() const;
+
+ private:
+  // Per open value: an object, an array, or the scalar being read.
+  struct Frame {
+    int16_t node;
+    uint8_t phase;
+    int16_t prop;    // object: the property whose key / value is read (-1: another key)
+    uint16_t pos;    // object key / enum: bytes matched
+    uint32_t count;  // array: values so far
+    uint64_t seen;   // object: properties given
+    uint64_t cand;   // object key / enum: candidates still matching
+  };
+  enum class Step { Refused, Taken, Again };  // Again: a number ended; the byte is the parent's
+  Step step(uint8_t b, bool ws);
+  bool begin_value(int node, uint8_t b);
+  void end_value();
+  bool string_byte(uint8_t b, bool key);
+  bool key_possible(const Frame& f) const;
+  bool number_byte(uint8_t b, bool integer, bool& ended);
+
+  const JsonGrammar* g_;
+  std::array<Frame, kMaxDepth + 2> frames_;
+  int depth_ = 0;
+  int containers_ = 0;
+  bool done_ = false;
+  uint8_t spaces_ = 0;
+  // The lexer of the innermost string or number.
+  uint8_t lex_ = 0, pair_ = 0, left_ = 0, lo_ = 0, hi_ = 0;
+  uint16_t code_ = 0;
+};
+
+}  // namespace dsv4
