@@ -4,12 +4,12 @@
 # once as there are cores. A crash, sanitizer report, leak or timeout fails the run; the input is
 # kept in build-fuzz/artifacts/ and belongs in tests/fuzz/corpus/<target>/ once fixed
 # (docs/fuzzing.md).
-# Usage: scripts/fuzz.sh [target ...]   (default: checkpoint tokenizer tokenizer_json chat server_request)
+# Usage: scripts/fuzz.sh [target ...]   (default: checkpoint tokenizer tokenizer_json chat server_request json_grammar)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${DSV4_FUZZ_SECONDS:-30}"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(checkpoint tokenizer tokenizer_json chat server_request)
+[ ${#targets[@]} -gt 0 ] || targets=(checkpoint tokenizer tokenizer_json chat server_request json_grammar)
 CXX_FUZZ="$(command -v clang++ || command -v clang++-14 || true)"
 [ -n "$CXX_FUZZ" ] || { echo "fuzz: clang++ not found (apt-get install clang)" >&2; exit 1; }
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$CXX_FUZZ" \

@@ -195,6 +195,13 @@ TEST_F(ServerRequest, AnthropicBadFieldsName) {
       {anthropic_body(R"("system":5)"), "system"},
       {anthropic_body(R"("thinking":{"type":"maybe"})"), "thinking.type"},
       {anthropic_body(R"("tools":[{"description":"no name"}])"), "tools[0].name"},
+      {anthropic_body(R"("output_config":3)"), "output_config"},
+      {anthropic_body(R"("output_config":{"format":{"type":"json_object"}})"), "output_config.format.type"},
+      {anthropic_body(R"("output_config":{"format":{"type":"json_schema"}})"), "output_config.format.schema"},
+      {anthropic_body(R"("output_format":{"type":"json_schema","schema":{"type":"object","minProperties":1}})"),
+       "output_format.schema.minProperties"},
+      {anthropic_body("\"tools\":[" + kAnthropicTool + R"(],"output_format":{"type":"json_schema","schema":{"type":"object"}})"),
+       "output_format"},
       {anthropic_body(R"("tool_choice":"auto")"), "tool_choice"},
       {anthropic_body(R"("tool_choice":{"type":"sometimes"})"), "tool_choice.type"},
       {anthropic_body(R"("tool_choice":{"type":"any"})"), "tool_choice"},  // no tools

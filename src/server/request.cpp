@@ -547,6 +547,35 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, 
     if (forced_any && thinking) bad_request("tool_choice", "a tool call cannot be forced with thinking enabled");
   }
   r.tools = tools;
+  r.gen.reasoning_first = thinking;
+  // Structured output: output_config.format (Anthropic's GA form) or output_format (its beta),
+  // {type: json_schema, schema}: enforced as response_format json_schema is.
+  ojson schema;
+  const ojson* format = nullptr;
+  std::string where;
+  if (const ojson* oc = f.get("output_config")) {
+    if (!oc->is_object()) bad_request("output_config", "must be an object");
+    format = Fields{*oc, "output_config."}.get("format");
+    where = "output_config.format";
+  }
+  if (const ojson* of = f.get("output_format"); of && !format) format = of, where = "output_format";
+  if (format) {
+    if (!format->is_object()) bad_request(where, "must be an object");
+    const Fields ff{*format, where + "."};
+    const std::string type = ff.string("type", "");
+    if (type != "json_schema") bad_request(where + ".type", "must be json_schema, got '" + type + "'");
+    const ojson* sc = ff.get("schema");
+    if (!sc) bad_request(where + ".schema", "is required");
+    try {
+      r.gen.json = JsonGrammar::compile(*sc, where + ".schema");
+    } catch (const SchemaError& e) {
+      bad_request(e.path, e.why);
+    }
+    schema = *sc;
+    if (!r.tools.empty())
+      bad_request(where, "a JSON answer cannot be combined with tools: it is one JSON object, which leaves no place "
+                         "for a tool call (leave out tools, or send tool_choice none)");
+  }
   ojson msgs = ojson::array();
   if (const ojson* sys = f.get("system")) msgs.push_back({{"role", "system"}, {"content", content_text(*sys, "system")}});
   const ojson* in = f.get("messages");
@@ -604,7 +633,7 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, 
   }
   ChatOptions co;
   co.mode = r.mode;
-  const ojson rendered = chat_messages(msgs, r.tools, store);
+  const ojson rendered = chat_messages(msgs, r.tools, store, schema);
   try {
     r.prompt_text = render_chat(rendered, co);
   } catch (const Error& e) {

@@ -311,7 +311,12 @@ struct GrammarCompiler {
 std::shared_ptr<const JsonGrammar> JsonGrammar::compile(const ojson& schema, const std::string& path) {
   auto g = std::make_shared<JsonGrammar>();
   GrammarCompiler c{*g, schema, path, {}, {}};
-  const int root = c.compile(schema, path);
+  int root;
+  try {
+    root = c.compile(schema, path);
+  } catch (const ojson::type_error& e) {  // dump() of a string that is not UTF-8 (servers check first)
+    refuse(path, std::string("holds text that is not valid UTF-8 (") + e.what() + ")");
+  }
   c.finish();
   if (g->nodes_[static_cast<size_t>(root)].kind != Object)
     refuse(path, "the root must be an object schema (type: object): the answer is one JSON object");

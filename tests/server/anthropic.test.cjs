@@ -71,3 +71,27 @@ test('bad requests get Anthropic error bodies', async () => {
   await assert.rejects(client.messages.create(req({ messages: [{ role: 'system', content: 'x' }] })),
     (e) => e.status === 400 && /role/.test(e.message));
 });
+
+// A schema that fixes every token but whitespace (at most 32 bytes in a row): even the random
+// demo model ends its object within the limit.
+const unitSchema = { type: 'object', properties: { unit: { enum: ['C', 'F'] } }, required: ['unit'], additionalProperties: false };
+
+test('structured output (output_config.format, output_format): the text is an instance of the schema', async () => {
+  const m = await client.messages.create(req({ max_tokens: 300, output_config: { format: { type: 'json_schema', schema: unitSchema } } }));
+  assert.strictEqual(m.stop_reason, 'end_turn');
+  const text = m.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
+  assert.ok(['C', 'F'].includes(JSON.parse(text).unit), text);
+  // The beta form is the same request.
+  const beta = await client.messages.create(req({ max_tokens: 300, output_format: { type: 'json_schema', schema: unitSchema } }));
+  assert.strictEqual(beta.content.filter((b) => b.type === 'text').map((b) => b.text).join(''), text);
+  // With thinking: a thinking block, then the instance.
+  const t = await client.messages.create(req({ max_tokens: 300, thinking: { type: 'enabled', budget_tokens: 1024 },
+    output_config: { format: { type: 'json_schema', schema: unitSchema } } }));
+  assert.strictEqual(t.content[0].type, 'thinking');
+  // (the random model may think to the limit; what it writes after is an instance's start)
+  const after = t.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
+  assert.match(after, /^([ \t\r\n]{0,32}\{[\s\S]*)?$/);
+  await assert.rejects(client.messages.create(req({ output_config: { format: { type: 'json_schema',
+    schema: { ...unitSchema, properties: { unit: { type: 'string', pattern: 'C|F' } } } } } })),
+  (e) => e.status === 400 && /output_config\.format\.schema\.properties\.unit\.pattern/.test(e.message));
+});
