@@ -276,6 +276,10 @@ TEST_F(ServerRequest, ChatFieldsAreRead) {
   const ParsedRequest b = parse(Api::OpenAiChat, chat_body(R"("logit_bias":{"4":100,"95":-2.5})"));
   EXPECT_EQ(b.gen.logit_bias, (std::vector<std::pair<int32_t, float>>{{4, 100.0f}, {95, -2.5f}}));
   EXPECT_EQ(parse(Api::OpenAiCompletion, R"({"prompt":"x","logit_bias":{"7":1}})").gen.logit_bias.size(), 1u);
+  const ParsedRequest c = parse(Api::OpenAiCompletion, R"({"prompt":"x","response_format":{"type":"json_object"}})");
+  EXPECT_TRUE(c.gen.json);
+  EXPECT_FALSE(c.gen.reasoning_first);
+  EXPECT_EQ(c.prompt_text, "x");
   // null is "absent".
   EXPECT_EQ(parse(Api::OpenAiChat, chat_body(R"("temperature":null,"n":null)")).gen.n, 1);
 }

@@ -337,6 +337,35 @@ void read_openai_common(const Fields& f, ParsedRequest& r, const RequestLimits& 
   if (r.gen.n > lim.max_n) bad_request("n", "must be at most " + std::to_string(lim.max_n) + ", got " + std::to_string(r.gen.n));
 }
 
+// response_format: text, json_object (any JSON object, as DeepSeek's API offers) or json_schema
+// (an object of the schema). Either is enforced (engine/json_constraint.h). Returns the schema
+// (null for the others): a chat prompt shows it to the model in the system message's Response
+// Format section.
+ojson read_response_format(const Fields& f, ParsedRequest& r) {
+  const ojson* rf = f.get("response_format");
+  if (!rf) return nullptr;
+  if (!rf->is_object()) bad_request("response_format", "must be an object");
+  const Fields rff{*rf, "response_format."};
+  const std::string t = rff.string("type", "");
+  if (t == "json_object") {
+    r.gen.json = JsonGrammar::any_object();
+  } else if (t == "json_schema") {
+    const ojson* js = rff.get("json_schema");
+    if (!js || !js->is_object()) bad_request("response_format.json_schema", "is required: {name, schema}");
+    const ojson* sc = Fields{*js, "response_format.json_schema."}.get("schema");
+    if (!sc) bad_request("response_format.json_schema.schema", "is required");
+    try {
+      r.gen.json = JsonGrammar::compile(*sc, "response_format.json_schema.schema");
+    } catch (const SchemaError& e) {
+      bad_request(e.path, e.why);
+    }
+    return *sc;
+  } else if (t != "text") {
+    bad_request("response_format.type", "must be text, json_object or json_schema, got '" + t + "'");
+  }
+  return nullptr;
+}
+
 void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim,
                        const ToolCallStore* store) {
   Fields f{j, ""};
@@ -346,31 +375,7 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
   const int64_t top = f.integer("top_logprobs", -1, 0, 20);
   if (top >= 0 && !r.logprobs) bad_request("top_logprobs", "needs logprobs: true");
   r.gen.top_logprobs = r.logprobs ? static_cast<int>(std::max<int64_t>(top, 0)) : -1;
-  // response_format: text, json_object (any JSON object, as DeepSeek's API offers) or
-  // json_schema (an object of the schema, which is also shown to the model in the system
-  // message's Response Format section). Either is enforced (engine/json_constraint.h).
-  ojson schema;
-  if (const ojson* rf = f.get("response_format")) {
-    if (!rf->is_object()) bad_request("response_format", "must be an object");
-    const Fields rff{*rf, "response_format."};
-    const std::string t = rff.string("type", "");
-    if (t == "json_object") {
-      r.gen.json = JsonGrammar::any_object();
-    } else if (t == "json_schema") {
-      const ojson* js = rff.get("json_schema");
-      if (!js || !js->is_object()) bad_request("response_format.json_schema", "is required: {name, schema}");
-      const ojson* sc = Fields{*js, "response_format.json_schema."}.get("schema");
-      if (!sc) bad_request("response_format.json_schema.schema", "is required");
-      try {
-        r.gen.json = JsonGrammar::compile(*sc, "response_format.json_schema.schema");
-      } catch (const SchemaError& e) {
-        bad_request(e.path, e.why);
-      }
-      schema = *sc;
-    } else if (t != "text") {
-      bad_request("response_format.type", "must be text, json_object or json_schema, got '" + t + "'");
-    }
-  }
+  const ojson schema = read_response_format(f, r);
   // Thinking: on by default; `thinking: {type}` or `chat_template_kwargs: {thinking}` switch it.
   bool thinking = true;
   if (const ojson* t = f.get("thinking")) {
@@ -459,6 +464,7 @@ void parse_openai_completion(const ojson& j, ParsedRequest& r, const ModelFacts&
   r.logprobs = lp >= 0;
   r.gen.top_logprobs = static_cast<int>(lp);
   r.echo = f.boolean("echo", false);
+  read_response_format(f, r);  // the answer follows the prompt as it is: no reasoning, no schema shown
   if (f.get("suffix")) bad_request("suffix", "is not supported");
   const ojson* p = f.get("prompt");
   if (!p) bad_request("prompt", "is required");

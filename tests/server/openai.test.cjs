@@ -201,6 +201,13 @@ test('response_format json_schema: the answer is an instance of the schema', asy
   assert.ok(['C', 'F'].includes(v.unit), JSON.stringify(v));
   const s = await collectChat(await client.chat.completions.create({ ...req, stream: true }));
   assert.strictEqual(s.choices[0].content, a.choices[0].message.content);
+  // The completions endpoint too; a schema that fixes every token but whitespace (at most 32
+  // bytes in a row) ends even unbiased.
+  const unit = { type: 'object', properties: { unit: { enum: ['C', 'F'] } }, required: ['unit'], additionalProperties: false };
+  const c = await client.completions.create({ model: 'demo', prompt: 'Units:', max_tokens: 300, temperature: 0,
+    response_format: { type: 'json_schema', json_schema: { name: 'u', schema: unit } } });
+  assert.strictEqual(c.choices[0].finish_reason, 'stop');
+  assert.ok(['C', 'F'].includes(JSON.parse(c.choices[0].text).unit), c.choices[0].text);
   // What the grammar cannot enforce is refused, naming the keyword.
   await assert.rejects(client.chat.completions.create({ ...req, response_format: { type: 'json_schema', json_schema: {
     name: 'w', schema: { ...schema, properties: { ...schema.properties, days: { type: 'integer', minimum: 0 } } } } } }),
