@@ -166,7 +166,7 @@ const std::vector<std::string> kSchemas = {
     R"({"type":"object","properties":{"kind":{"enum":[1,12,123,"x",true,null]},"meta":{}},"additionalProperties":{"type":"integer"}})",
     R"({"$defs":{"Node":{"type":"object","properties":{"value":{"type":"integer"},"children":{"type":"array",
         "items":{"$ref":"#/$defs/Node"}}},"required":["value","children"],"additionalProperties":false}},"$ref":"#/$defs/Node"})",
-    R"({"type":"object","title":"Answer","description":"d","properties":{"a":{"anyOf":[{"type":"string"},{"type":"null"},
+    R"({"type":"object","title":"Answer","description":"d","properties":{"a":{"anyOf":[{"type":"string","format":"date-time"},{"type":"null"},
         {"type":"object","properties":{"x":{"type":"number"}},"additionalProperties":false},{"type":"array","items":{"type":"integer"}}]},
         "b":{"allOf":[{"$ref":"#/definitions/B"}],"default":null}},"required":["a","b"],"additionalProperties":false,
         "definitions":{"B":{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"],"additionalProperties":false}}})",
@@ -180,7 +180,7 @@ const std::vector<std::string> kSchemas = {
 TEST(JsonSchema, RefusesWhatItCannotEnforceNamingTheKeyword) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"type":"string"})", "s"},
-      {R"({"type":"object","properties":{"d":{"type":"string","format":"date"}}})", "s.properties.d.format"},
+      {R"({"type":"object","properties":{"d":{"type":"string","maxLength":9}}})", "s.properties.d.maxLength"},
       {R"({"type":"object","properties":{"n":{"type":"integer","minimum":1}}})", "s.properties.n.minimum"},
       {R"({"type":"object","properties":{"n":{"type":"string","pattern":"a+"}}})", "s.properties.n.pattern"},
       {R"({"type":"object","required":["x"]})", "s.required[0]"},

@@ -14,8 +14,13 @@ using Node = JsonGrammar::Node;
 
 namespace {
 
-const std::set<std::string> kAnnotations = {"title",   "description", "default",    "examples", "$schema",
-                                            "$id",     "$comment",    "deprecated", "readOnly", "writeOnly"};
+// Keywords that constrain nothing. `format` is one too: JSON Schema 2020-12 makes it an annotation
+// unless a schema asks for the format-assertion vocabulary (pydantic writes it for dates, e-mail
+// addresses, UUIDs); the grammar holds such a value to `type` alone.
+const std::set<std::string> kAnnotations = {"title",    "description", "default",         "examples",
+                                            "$schema",  "$id",         "$comment",        "deprecated",
+                                            "readOnly", "writeOnly",   "format",          "contentEncoding",
+                                            "contentMediaType"};
 const std::set<std::string> kKeywords = {"type",     "properties", "required", "additionalProperties", "items",
                                          "minItems", "maxItems",   "enum",     "const",                "anyOf",
                                          "oneOf",    "allOf",      "$ref",     "$defs",    "definitions"};

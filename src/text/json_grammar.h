@@ -29,7 +29,9 @@
 // - $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" of the root, recursion included;
 //   allOf of one schema (what pydantic writes around a $ref);
 // - annotations are ignored: title, description, default, examples, $schema, $id, $comment,
-//   deprecated, readOnly, writeOnly.
+//   deprecated, readOnly, writeOnly, and format, contentEncoding, contentMediaType (annotations
+//   in JSON Schema 2020-12 unless a schema asks for their assertion: a "date-time" string is
+//   held to being a string).
 // The root must be an object schema.
 #include <array>
 #include <cstdint>
