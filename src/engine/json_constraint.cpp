@@ -83,6 +83,8 @@ JsonVocab::JsonVocab(const Tokenizer& tok, int64_t vocab, int32_t eos)
     string_text_[id] = kind_[id] == Plain && plain_string_text(b);
     bytes_[id] = std::move(b);
   }
+  for (int64_t id = 0; id < vocab; ++id)
+    if (kind_[static_cast<size_t>(id)] != Plain) not_plain_.push_back(static_cast<int32_t>(id));
 }
 
 JsonConstraint::JsonConstraint(std::shared_ptr<const JsonVocab> vocab, std::shared_ptr<const JsonGrammar> grammar,
@@ -131,8 +133,7 @@ int64_t JsonConstraint::mask(float* logits) const {
     }
   } else {
     // Most tokens are decided by their first byte alone (outside strings, few bytes can come).
-    for (int64_t id = 0; id < V; ++id)
-      if (v.kind_[static_cast<size_t>(id)] != JsonVocab::Plain) logits[id] = -INFINITY;
+    for (int32_t id : v.not_plain_) logits[id] = -INFINITY;
     // Inside a string's text, most tokens are text too, and fit whatever came before.
     const bool text = json_.in_string_text();
     for (int c = 0; c < 256; ++c) {

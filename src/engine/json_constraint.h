@@ -43,6 +43,7 @@ class JsonVocab {
   std::vector<uint8_t> marker_end_;  // bit k: the token holds the last byte of marker k
   std::vector<uint8_t> string_text_;  // whole UTF-8 characters, none of them '"', '\\' or a control
   std::array<std::vector<int32_t>, 256> by_first_;  // plain tokens by first byte
+  std::vector<int32_t> not_plain_;                   // the others
   int32_t eos_ = -1, think_end_ = -1;
 };
 
