@@ -3,12 +3,15 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 
 #include "args.h"
 #include "device.h"
 #include "engine/generate.h"
 #include "text/chat.h"
+#include "text/json_grammar.h"
 #include "text/tokenizer.h"
 
 namespace dsv4::cli {
@@ -47,6 +50,18 @@ std::unique_ptr<Engine> load_engine(const Args& a, const GenerateOptions& opt) {
   return e;
 }
 
+// A JSON schema file, for --json-schema.
+nlohmann::ordered_json read_schema(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open the JSON schema file");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    return nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path + ": not JSON (" + e.what() + ")");
+  }
+}
+
 GenerateOptions gen_options(const Args& a) {
   GenerateOptions o;
   o.max_new_tokens = a.integer("n", 256);
@@ -61,6 +76,19 @@ GenerateOptions gen_options(const Args& a) {
   o.prefill_chunk = a.integer("chunk", 0);
   o.context_limit = a.integer("context", 0);
   o.draft = a.integer("draft", 0);
+  // A JSON answer: any object, or an object of a JSON schema (the server's response_format).
+  const std::string schema_file = a.str("json-schema", "");
+  if (a.flag("json-object") && !schema_file.empty()) throw Usage("--json-object and --json-schema exclude each other");
+  if (a.flag("json-object")) o.json = JsonGrammar::any_object();
+  if (!schema_file.empty()) {
+    const nlohmann::ordered_json schema = read_schema(schema_file);
+    try {
+      o.json = JsonGrammar::compile(schema, "schema");
+    } catch (const SchemaError& e) {
+      throw Error(schema_file + ": " + e.what());
+    }
+  }
+  if (o.json && o.draft > 0) throw Usage("--draft cannot be combined with --json-object / --json-schema");
   if (o.max_new_tokens < 0) throw Usage("-n must be >= 0");
   if (o.draft < 0 || o.draft > kCheapRewind) throw Usage("--draft must be in [0, " + std::to_string(kCheapRewind) + "]");
   validate(o.sampling);
@@ -157,9 +185,14 @@ int cmd_generate(const Args& a) {
     co.mode = parse_mode(mode);
     co.reasoning_effort = effort;
     thinking = co.mode == ChatMode::Thinking;
-    nlohmann::ordered_json msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", prompt}}});
+    nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+    const std::string schema_file = a.str("json-schema", "");
+    if (!schema_file.empty())  // shown to the model as the server shows it
+      msgs.push_back({{"role", "system"}, {"content", ""}, {"response_format", read_schema(schema_file)}});
+    msgs.push_back({{"role", "user"}, {"content", prompt}});
     ids = tok.encode(render_chat(msgs, co));
   }
+  opt.json_after_reasoning = thinking;
   Session s = new_session(*E, opt);
   ThinkRouter route(thinking, show);
   GenerateResult r = generate(*E, s, ids, opt, [&](std::string_view t) { route(t); });
@@ -181,11 +214,14 @@ int cmd_chat(const Args& a) {
   ChatOptions co;
   co.mode = parse_mode(mode);
   co.reasoning_effort = effort;
+  opt.json_after_reasoning = co.mode == ChatMode::Thinking;
+  const std::string schema_file = a.str("json-schema", "");
 
   nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
   auto reset = [&] {
     msgs = nlohmann::ordered_json::array();
-    if (!system.empty()) msgs.push_back({{"role", "system"}, {"content", system}});
+    if (!system.empty() || !schema_file.empty()) msgs.push_back({{"role", "system"}, {"content", system}});
+    if (!schema_file.empty()) msgs[0]["response_format"] = read_schema(schema_file);
   };
   reset();
   // One session for the whole conversation: each turn reuses the state of the previous ones

@@ -84,6 +84,11 @@ Commands:
                          seeded); acceptance is reported on stderr; what a draft costs on
                          this machine: `dsv4 bench --draft 1,2`
       --reasoning-effort max   the official encoder's maximum-effort instruction
+      --json-object      the answer (after the reasoning in thinking mode) is one JSON object:
+                         tokens that cannot continue it are masked (no --draft)
+      --json-schema F    the same, an object of the JSON schema in file F (the subset
+                         docs/server.md lists; other keywords are an error naming them), also
+                         shown to the model in the system message
       --tokenizer DIR    tokenizer.json location (default: the model directory)
       --context N        context limit in tokens (default: the model's max positions)
       --chunk C, --threads N   prefill chunk size, worker threads
@@ -263,7 +268,7 @@ int run(int argc, char** argv) {
         return 0;
       }
     // Options that take no value, per command ("--ids" is a value for detokenize).
-    std::set<std::string> flags = {"hide-reasoning", "json", "profile", "quiet"};
+    std::set<std::string> flags = {"hide-reasoning", "json", "json-object", "profile", "quiet"};
     if (cmd == "chat-template") flags.insert("ids");
     Args args(argc, argv, 2, flags);
     if (cmd == "score") return cmd_score(args);

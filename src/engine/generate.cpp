@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "core/error.h"
 #include "engine/stop_filter.h"
@@ -71,6 +72,9 @@ GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& promp
   if (opt.draft < 0 || opt.draft > kCheapRewind)
     throw Error("draft must be in [0, " + std::to_string(kCheapRewind) + "], got " + std::to_string(opt.draft));
   if (opt.draft > 0 && !info.has_mtp) throw Error(info.dir + " has no MTP block to draft with", ErrorKind::Unsupported);
+  if (opt.draft > 0 && opt.json)
+    throw Error("a JSON answer cannot be drafted (each verified row would need the mask of the picks before it)",
+                ErrorKind::Unsupported);
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= V)
       throw Error("prompt token id " + std::to_string(prompt[i]) + " at index " + std::to_string(i) + " is outside the model's vocabulary [0, " +
@@ -118,15 +122,23 @@ GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& promp
     if (consumed + 1 >= limit) return r.stop_reason = "context_limit", false;
     return true;
   };
-  int32_t id = opt.max_new_tokens > 0 ? sampler.sample(logits.data(), V, history) : 0;
+  // A JSON answer picks from masked logits (engine/json_constraint.h).
+  std::optional<JsonConstraint> json;
+  if (opt.json) json.emplace(std::make_shared<const JsonVocab>(tok, V, info.eos), opt.json, opt.json_after_reasoning);
+  std::vector<float> scratch;
+  auto pick = [&](const float* l) {
+    return json ? adjusted_pick(sampler, l, V, history, {}, &*json, scratch) : sampler.sample(l, V, history);
+  };
+  int32_t id = opt.max_new_tokens > 0 ? pick(logits.data()) : 0;
   bool go = opt.max_new_tokens > 0 && take(id, s.seq.pos());
   // Plain greedy needs only the argmax: just the token id comes back (on cuda; on the CPU it
-  // saves the copy). Any penalty needs the logits and the history, so it is never plain.
+  // saves the copy). Any penalty needs the logits and the history, a JSON answer the logits, so
+  // neither is plain.
   // Sampling without penalties runs inside the step on cuda when the kernel takes its
   // candidates (StepRequest::sampler; ModelInfo::sample_candidates), again only the id coming
   // back; the CPU picks from the logits (the same sample_logits either way).
   const SamplingParams& sp = opt.sampling;
-  const bool plain = !sampler.penalised();
+  const bool plain = !sampler.penalised() && !json;
   const bool greedy = sp.temperature == 0.0f && plain;
   const bool device_pick = !greedy && plain && info.device == "cuda" && sampler.candidates(V) <= info.sample_candidates;
   while (go) {
@@ -138,7 +150,7 @@ GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& promp
       req.sampler = device_pick ? &sampler : nullptr;
       StepResult out = std::move(e.step({req})[0]);
       ++r.steps;
-      id = greedy || device_pick ? out.ids[0] : sampler.sample(out.logits.data(), V, history);
+      id = greedy || device_pick ? out.ids[0] : pick(out.logits.data());
       go = take(id, s.seq.pos());
       continue;
     }

@@ -5,11 +5,13 @@
 // model verifies in one step (speculative decoding: the same output as without, for any sampler).
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/json_constraint.h"
 #include "engine/sampler.h"
 
 namespace dsv4 {
@@ -22,6 +24,10 @@ struct GenerateOptions {
   int64_t prefill_chunk = 0;              // 0 = the whole prompt in one chunk
   int64_t context_limit = 0;              // 0 = the engine's context
   int64_t draft = 0;                      // MTP drafts per step (0 = off)
+  // The answer is one JSON object of this grammar (engine/json_constraint.h), after its reasoning
+  // when json_after_reasoning (thinking mode); null: free text. Cannot be combined with drafts.
+  std::shared_ptr<const JsonGrammar> json;
+  bool json_after_reasoning = false;
 };
 
 struct GenerateResult {

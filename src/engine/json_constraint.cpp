@@ -1,5 +1,6 @@
 #include "engine/json_constraint.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string_view>
 
@@ -180,6 +181,19 @@ void JsonConstraint::push(int32_t id) {
   static const size_t keep = longest_marker() - 1;
   tail_ += b;
   if (tail_.size() > keep) tail_.erase(0, tail_.size() - keep);
+}
+
+int32_t adjusted_pick(Sampler& sampler, const float* logits, int64_t V, const std::vector<int32_t>& history,
+                      const std::vector<std::pair<int32_t, float>>& bias, JsonConstraint* json, std::vector<float>& scratch) {
+  scratch.assign(logits, logits + V);
+  for (const auto& [t, b] : bias) scratch[static_cast<size_t>(t)] += b;
+  if (json) json->mask(scratch.data());
+  int32_t id = sampler.sample(scratch.data(), V, history);
+  if (json) {
+    if (!json->allows(id)) id = static_cast<int32_t>(std::max_element(scratch.begin(), scratch.end()) - scratch.begin());
+    json->push(id);
+  }
+  return id;
 }
 
 }  // namespace dsv4

@@ -17,8 +17,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "engine/sampler.h"
 #include "text/json_grammar.h"
 
 namespace dsv4 {
@@ -71,5 +73,13 @@ class JsonConstraint {
   JsonGrammarState json_;
   std::string tail_;  // the answer's last bytes, as long as the longest marker less one
 };
+
+// A pick from adjusted logits, the server's and `generate`'s one way: `bias` (token, amount) added,
+// then the tokens `json` does not allow masked (when given), then `sampler`'s usual rules; the
+// pick is pushed into `json`. `scratch` holds the adjusted logits (V floats, reused by the
+// caller). A masked token has probability 0, but the pick's running sum can round past the last
+// allowed one: then the best allowed token is taken.
+int32_t adjusted_pick(Sampler& sampler, const float* logits, int64_t V, const std::vector<int32_t>& history,
+                      const std::vector<std::pair<int32_t, float>>& bias, JsonConstraint* json, std::vector<float>& scratch);
 
 }  // namespace dsv4

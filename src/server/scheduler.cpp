@@ -261,16 +261,7 @@ void Scheduler::emit(Active& a, Choice& c, const float* logits) {
   if (!c.json && bias.empty()) return emit_id(a, c, c.sampler.sample(logits, V, c.generated), logits);
   int32_t id;
   try {
-    masked_.assign(logits, logits + V);
-    for (const auto& [t, b] : bias) masked_[static_cast<size_t>(t)] += b;
-    if (c.json) c.json->mask(masked_.data());
-    id = c.sampler.sample(masked_.data(), V, c.generated);
-    if (c.json) {
-      // A masked token has probability 0, but the pick's running sum can round past the last
-      // allowed one: then the best allowed token.
-      if (!c.json->allows(id)) id = static_cast<int32_t>(std::max_element(masked_.begin(), masked_.end()) - masked_.begin());
-      c.json->push(id);
-    }
+    id = adjusted_pick(c.sampler, logits, V, c.generated, bias, c.json ? &*c.json : nullptr, masked_);
   } catch (const Error& e) {
     a.gone = true;
     a.job->push(Event::failed(Error(e.what(), ErrorKind::Internal)));  // the constraint's own invariants
