@@ -208,6 +208,19 @@ TEST(JsonSchema, RefusesWhatItCannotEnforceNamingTheKeyword) {
   }
 }
 
+TEST(JsonSchema, RefusesOverlongValuesAndNames) {
+  const std::string big(5000, 'a');
+  ojson schema = {{"type", "object"}, {"properties", {{"x", {{"enum", {"ok", big}}}}}}};
+  try {
+    JsonGrammar::compile(schema, "s");
+    ADD_FAILURE() << "accepted a 5000-byte enum value";
+  } catch (const SchemaError& e) {
+    EXPECT_EQ(e.path, "s.properties.x.enum[1]");
+  }
+  schema = {{"type", "object"}, {"properties", {{big, {{"type", "string"}}}}}};
+  EXPECT_THROW(JsonGrammar::compile(schema, "s"), SchemaError);
+}
+
 TEST(JsonSchema, AcceptsInstancesAndRefusesWhereTheyGoWrong) {
   const auto g = JsonGrammar::compile(ojson::parse(kSchemas[0]), "s");
   for (const char* ok : {R"({"city":"Oslo","days":3})", R"({ "days" : -1 , "rain":false, "city" : "é" })"})

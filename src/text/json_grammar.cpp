@@ -121,6 +121,8 @@ struct GrammarCompiler {
           refuse(c ? where : where + "[" + std::to_string(i) + "]", "only strings, numbers, booleans and null are supported");
         texts.push_back(v.dump());
         numeric.push_back(v.is_number());
+        if (texts.back().size() > 4096)  // (a frame counts the bytes matched in 16 bits)
+          refuse(c ? where : where + "[" + std::to_string(i) + "]", "values longer than 4096 bytes are not supported");
       }
       return add(enum_of(std::move(texts), std::move(numeric)));
     }
@@ -168,6 +170,7 @@ struct GrammarCompiler {
         if (props.size() > 64) refuse(path + ".properties", "at most 64 properties, got " + std::to_string(props.size()));
         for (const auto& [k, v] : props.items()) {
           const std::string text = ojson(k).dump();
+          if (text.size() > 4096) refuse(path + ".properties", "property names longer than 4096 bytes are not supported");
           if (text.find('\\') != std::string::npos)
             refuse(path + ".properties." + k, "a property name that needs an escape in JSON is not supported");
           const int value = compile(v, path + ".properties." + k);
