@@ -217,6 +217,28 @@ TEST(JsonGrammarObject, AgreesWithAStrictParser) {
   EXPECT_GT(rejected, 3000);
 }
 
+// The mask (first-byte buckets, the string-text fast path) against each token tested alone, at
+// the states a text's tokens lead to.
+void expect_mask_is_allows(const JsonConstraint& at, const std::string& where) {
+  std::vector<float> logits(static_cast<size_t>(vocab()->size()), 0.0f);
+  const int64_t left = at.mask(logits.data());
+  int64_t brute = 0;
+  for (int64_t id = 0; id < vocab()->size(); ++id) {
+    const bool ok = at.allows(static_cast<int32_t>(id));
+    brute += ok;
+    ASSERT_EQ(ok, std::isfinite(logits[static_cast<size_t>(id)])) << "token " << id << " after " << where;
+  }
+  EXPECT_EQ(left, brute) << where;
+}
+
+TEST(JsonConstraint, MaskIsEveryTokenThatFitsInKeysAndValues) {
+  for (const char* text : {"{\"some key", "{\"a\": \"val", "{\"a\": [1, {\"b", "{\"\\u00", "{\"a\":\"x\\"}) {
+    JsonConstraint c(vocab(), JsonGrammar::any_object(), false);
+    for (int32_t id : tokenizer().encode(text)) c.push(id);
+    expect_mask_is_allows(c, text);
+  }
+}
+
 TEST(JsonConstraint, MaskIsEveryTokenThatFits) {
   const int64_t V = vocab()->size();
   // States along an answer: the mask (first-byte buckets) against each token pushed alone.

@@ -120,7 +120,9 @@ bool JsonConstraint::allows(int32_t id) const {
   JsonGrammarState j = json_;
   if (!j.push(b)) return false;
   size_t past;
-  return ends == 0 || first_marker(tail_, b, kEosBit | kBlockBit, past) < 0;
+  // In the JSON only the end-of-sentence text can appear (inside a string); a tool-call block
+  // starts with two raw newlines, which no JSON text holds before a '<'.
+  return !(ends & kEosBit) || first_marker(tail_, b, kEosBit, past) < 0;
 }
 
 int64_t JsonConstraint::mask(float* logits) const {
@@ -152,7 +154,7 @@ int64_t JsonConstraint::mask(float* logits) const {
           ok = j.push(std::string_view(b).substr(1));
         }
         size_t past;
-        ok = ok && (v.marker_end_[static_cast<size_t>(id)] == 0 || first_marker(tail_, b, kEosBit | kBlockBit, past) < 0);
+        ok = ok && (!(v.marker_end_[static_cast<size_t>(id)] & kEosBit) || first_marker(tail_, b, kEosBit, past) < 0);
         if (ok) ++left;
         else logits[id] = -INFINITY;
       }

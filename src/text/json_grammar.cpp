@@ -373,8 +373,11 @@ JsonGrammarState& JsonGrammarState::operator=(const JsonGrammarState& o) {
 }
 
 bool JsonGrammarState::in_string_text() const {
-  return depth_ > 0 && g_->node(frames_[static_cast<size_t>(depth_ - 1)].node).kind == JsonGrammar::String && lex_ == Text &&
-         pair_ == None;
+  if (depth_ == 0 || lex_ != Text || pair_ != None) return false;
+  const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+  const Node& n = g_->node(f.node);
+  // A string value, or a key where any key is allowed.
+  return n.kind == JsonGrammar::String || (n.kind == JsonGrammar::Object && f.phase == OKey && n.additional >= 0);
 }
 
 bool JsonGrammarState::key_possible(const Frame& f) const {

@@ -113,8 +113,9 @@ class JsonGrammarState {
   }
   // The top-level object is closed: the text is complete.
   bool complete() const { return done_; }
-  // Inside a free string's text (not a key, not an enum value), where any characters but '"',
-  // '\' and controls leave the state as it is (the mask's fast path).
+  // Inside a free string's text: a string value, or a key where any key is allowed (not an enum
+  // value). There any whole characters but '"', '\\' and controls can come next (the mask's fast
+  // path; what they leave behind, e.g. the declared keys a key may still become, is push()'s).
   bool in_string_text() const;
 
  private:
