@@ -13,6 +13,7 @@
 #include "engine/json_constraint.h"
 #include "core/error.h"
 #include "engine/sampler.h"
+#include "json_mask_check.h"
 #include "text/chat.h"
 #include "text/json_grammar.h"
 #include "text/tokenizer.h"
@@ -217,46 +218,21 @@ TEST(JsonGrammarObject, AgreesWithAStrictParser) {
   EXPECT_GT(rejected, 3000);
 }
 
-// The mask (first-byte buckets, the string-text fast path) against each token tested alone, at
-// the states a text's tokens lead to.
-void expect_mask_is_allows(const JsonConstraint& at, const std::string& where) {
-  std::vector<float> logits(static_cast<size_t>(vocab()->size()), 0.0f);
-  const int64_t left = at.mask(logits.data());
-  int64_t brute = 0;
-  for (int64_t id = 0; id < vocab()->size(); ++id) {
-    const bool ok = at.allows(static_cast<int32_t>(id));
-    brute += ok;
-    ASSERT_EQ(ok, std::isfinite(logits[static_cast<size_t>(id)])) << "token " << id << " after " << where;
-  }
-  EXPECT_EQ(left, brute) << where;
-}
-
 TEST(JsonConstraint, MaskIsEveryTokenThatFitsInKeysAndValues) {
   for (const char* text : {"{\"some key", "{\"a\": \"val", "{\"a\": [1, {\"b", "{\"\\u00", "{\"a\":\"x\\"}) {
     JsonConstraint c(vocab(), JsonGrammar::any_object(), false);
     for (int32_t id : tokenizer().encode(text)) c.push(id);
-    expect_mask_is_allows(c, text);
+    dsv4::testing::expect_mask_is_allows(c, vocab()->size(), text);
   }
 }
 
 TEST(JsonConstraint, MaskIsEveryTokenThatFits) {
-  const int64_t V = vocab()->size();
   // States along an answer: the mask (first-byte buckets) against each token pushed alone.
   const std::vector<int32_t> answer = sample_answer(11, false, 40);
-  std::vector<float> logits(static_cast<size_t>(V));
   for (size_t step = 0; step <= answer.size(); step += std::max<size_t>(1, answer.size() / 5)) {
     JsonConstraint at(vocab(), JsonGrammar::any_object(), false);
     for (size_t i = 0; i < step; ++i) at.push(answer[i]);
-    std::fill(logits.begin(), logits.end(), 0.0f);
-    const int64_t left = at.mask(logits.data());
-    int64_t brute = 0;
-    for (int64_t id = 0; id < V; ++id) {
-      const bool ok = at.allows(static_cast<int32_t>(id));
-      brute += ok;
-      ASSERT_EQ(ok, std::isfinite(logits[static_cast<size_t>(id)])) << "token " << id << " after " << step << " tokens";
-    }
-    EXPECT_EQ(left, brute);
-    EXPECT_GT(left, 0);
+    dsv4::testing::expect_mask_is_allows(at, vocab()->size(), std::to_string(step) + " tokens");
   }
 }
 

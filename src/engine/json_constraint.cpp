@@ -15,7 +15,7 @@ namespace {
 // Texts that change how the server reads an answer (text/completion_stream.h), by bit.
 enum Marker : uint8_t { kThinkEndBit = 1, kEosBit = 2, kBlockBit = 4 };
 const std::string& marker(int k) {
-  static const std::string m[3] = {kThinkEndText, kEosText, "\n\n<" + std::string(kDsmlText) + "tool_calls"};
+  static const std::string m[3] = {kThinkEndText, kEosText, kToolCallsOpenText};
   return m[k];
 }
 constexpr int kMarkers = 3;

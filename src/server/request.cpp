@@ -337,6 +337,13 @@ void read_openai_common(const Fields& f, ParsedRequest& r, const RequestLimits& 
   if (r.gen.n > lim.max_n) bad_request("n", "must be at most " + std::to_string(lim.max_n) + ", got " + std::to_string(r.gen.n));
 }
 
+// A JSON answer (r.gen.json) is one object, which leaves no place for a tool call.
+void refuse_json_with_tools(const ParsedRequest& r, const std::string& where) {
+  if (r.gen.json && !r.tools.empty())
+    bad_request(where, "a JSON answer cannot be combined with tools: it is one JSON object, which leaves no place "
+                       "for a tool call (leave out tools, or send tool_choice none)");
+}
+
 // response_format: text, json_object (any JSON object, as DeepSeek's API offers) or json_schema
 // (an object of the schema). Either is enforced (engine/json_constraint.h). Returns the schema
 // (null for the others): a chat prompt shows it to the model in the system message's Response
@@ -436,9 +443,7 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
       bad_request("tool_choice", "a required tool call cannot be forced in thinking mode; disable thinking "
                                  "(thinking: {type: disabled}) or use tool_choice auto");
   }
-  if (r.gen.json && !r.tools.empty())
-    bad_request("response_format", "a JSON answer cannot be combined with tools: it is one JSON object, which "
-                                   "leaves no place for a tool call (leave out tools, or send tool_choice none)");
+  refuse_json_with_tools(r, "response_format");
   const ojson* msgs = f.get("messages");
   if (!msgs) bad_request("messages", "is required");
   const ojson rendered = chat_messages(*msgs, r.tools, store, schema);
@@ -578,9 +583,7 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, 
       bad_request(e.path, e.why);
     }
     schema = *sc;
-    if (!r.tools.empty())
-      bad_request(where, "a JSON answer cannot be combined with tools: it is one JSON object, which leaves no place "
-                         "for a tool call (leave out tools, or send tool_choice none)");
+    refuse_json_with_tools(r, where);
   }
   ojson msgs = ojson::array();
   if (const ojson* sys = f.get("system")) msgs.push_back({{"role", "system"}, {"content", content_text(*sys, "system")}});

@@ -50,6 +50,8 @@ inline constexpr const char* kLatestReminderText = "<｜latest_reminder｜>";
 inline constexpr const char* kThinkStartText = "<think>";
 inline constexpr const char* kThinkEndText = "</think>";
 inline constexpr const char* kDsmlText = "｜DSML｜";
+// How the model opens a tool-call block ("\n\n<" + kDsmlText + "tool_calls").
+inline constexpr const char* kToolCallsOpenText = "\n\n<｜DSML｜tool_calls";
 
 enum class ChatMode { Thinking, Chat };
 

@@ -15,7 +15,7 @@ namespace {
 
 const std::string kDsml = kDsmlText;
 const std::string kThinkEnd = kThinkEndText, kEos = kEosText;
-const std::string kBlockStart = "\n\n<" + kDsml + "tool_calls";
+const std::string kBlockStart = kToolCallsOpenText;
 const std::string kCallsEnd = "</" + kDsml + "tool_calls>";
 const std::string kInvoke = "<" + kDsml + "invoke", kInvokeEnd = "</" + kDsml + "invoke";
 const std::string kParam = "<" + kDsml + "parameter", kParamEnd = "/" + kDsml + "parameter";

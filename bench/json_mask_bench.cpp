@@ -1,0 +1,51 @@
+// What the JSON mask (engine/json_constraint.h) costs per pick, over the real tokenizer's
+// vocabulary, at states of an answer: before the object, between tokens, inside a key and a
+// string value (the plain-text fast path), and while reasoning. Not a test; docs/perf.md
+// "Session 31" has its figures.
+// Usage: json_mask_bench TOKENIZER_DIR [REPEATS]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "engine/json_constraint.h"
+#include "text/tokenizer.h"
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: json_mask_bench TOKENIZER_DIR [REPEATS]\n");
+    return 2;
+  }
+  const int repeats = argc > 2 ? std::atoi(argv[2]) : 20;
+  const dsv4::Tokenizer tok = dsv4::Tokenizer::load(argv[1]);
+  const auto vocab = std::make_shared<const dsv4::JsonVocab>(tok, tok.vocab_size(), 1);
+  struct State {
+    const char* name;
+    const char* text;
+    bool reasoning;
+  };
+  const State states[] = {
+      {"reasoning", "Let me think", true},
+      {"before the object", "  ", false},
+      {"after a key", "{\"key\"", false},
+      {"before a value", "{\"key\": ", false},
+      {"in a number", "{\"a\":1", false},
+      {"in a key", "{\"some key", false},
+      {"in a string value", "{\"key\": \"abc", false},
+  };
+  std::vector<float> logits(static_cast<size_t>(vocab->size()));
+  for (const State& s : states) {
+    dsv4::JsonConstraint c(vocab, dsv4::JsonGrammar::any_object(), s.reasoning);
+    for (int32_t id : tok.encode(s.text)) c.push(id);
+    int64_t left = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < repeats; ++r) {
+      std::fill(logits.begin(), logits.end(), 0.0f);
+      left = c.mask(logits.data());
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / repeats;
+    std::printf("%-20s %7lld tokens left  %.2f ms/mask\n", s.name, static_cast<long long>(left), ms);
+  }
+  return 0;
+}
