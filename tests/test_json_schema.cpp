@@ -31,6 +31,28 @@ const ojson& resolve(const ojson& s, const ojson& root) {
   return root.at(ojson::json_pointer(r.substr(1)));
 }
 
+// Characters (code points) of UTF-8 text.
+size_t chars(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+// A string's length and a number's bounds (doubles: the tests' bounds and values are exact in them).
+bool in_limits(const ojson& v, const ojson& s) {
+  if (v.is_string())
+    return chars(v.get<std::string>()) >= s.value("minLength", size_t{0}) && chars(v.get<std::string>()) <= s.value("maxLength", SIZE_MAX);
+  if (!v.is_number()) return true;
+  const double x = v.get<double>();
+  const bool ex_lo = s.value("exclusiveMinimum", ojson(false)).is_boolean() && s.value("exclusiveMinimum", false);
+  const bool ex_hi = s.value("exclusiveMaximum", ojson(false)).is_boolean() && s.value("exclusiveMaximum", false);
+  if (s.contains("minimum") && (ex_lo ? x <= s["minimum"].get<double>() : x < s["minimum"].get<double>())) return false;
+  if (s.contains("maximum") && (ex_hi ? x >= s["maximum"].get<double>() : x > s["maximum"].get<double>())) return false;
+  if (s.contains("exclusiveMinimum") && s["exclusiveMinimum"].is_number() && x <= s["exclusiveMinimum"].get<double>()) return false;
+  if (s.contains("exclusiveMaximum") && s["exclusiveMaximum"].is_number() && x >= s["exclusiveMaximum"].get<double>()) return false;
+  return true;
+}
+
 // The subset's meaning, as JSON Schema says, on a parsed value.
 bool valid(const ojson& v, const ojson& schema, const ojson& root) {
   const ojson& s = resolve(schema, root);
@@ -61,10 +83,10 @@ bool valid(const ojson& v, const ojson& schema, const ojson& root) {
     return true;
   }
   for (const std::string& t : types) {
-    if (t == "string" && v.is_string()) return true;
-    if (t == "number" && v.is_number()) return true;
+    if (t == "string" && v.is_string()) return in_limits(v, s);
+    if (t == "number" && v.is_number()) return in_limits(v, s);
     if (t == "integer" && (v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>())))
-      return true;
+      return in_limits(v, s);
     if (t == "boolean" && v.is_boolean()) return true;
     if (t == "null" && v.is_null()) return true;
     if (t == "array" && v.is_array()) {
@@ -107,9 +129,18 @@ struct Instances {
     else if (s.contains("properties") || s.contains("additionalProperties")) t = "object";
     else if (s.contains("items")) t = "array";
     else return any(depth);
-    if (t == "string") return string();
-    if (t == "number") return std::vector<std::string>{"0", "-1.5", "2e3", "12", "0.25E-1", "-0"}[g() % 6];
-    if (t == "integer") return std::vector<std::string>{"0", "-7", "42", "123456789"}[g() % 4];
+    if (t == "string") return s.contains("minLength") || s.contains("maxLength") ? string_of(s) : string();
+    if (t == "number" || t == "integer") {
+      std::vector<std::string> c = t == "number" ? std::vector<std::string>{"0", "-1.5", "2e3", "12", "0.25E-1", "-0"}
+                                                 : std::vector<std::string>{"0", "-7", "42", "123456789"};
+      if (NumberRange::in_schema(s)) {  // bounded: written without exponent, within the bounds
+        c = {"0", "-0", "-7", "-4.75", "1", "2", "2.5", "2.49", "42", "99", "100", "0.001", "-5"};
+        c.erase(std::remove_if(c.begin(), c.end(), [&](const std::string& x) {
+                  return !in_limits(ojson::parse(x), s) || (t == "integer" && x.find('.') != std::string::npos);
+                }), c.end());
+      }
+      return c[g() % c.size()];
+    }
     if (t == "boolean") return g() % 2 ? "true" : "false";
     if (t == "null") return "null";
     if (t == "array") {
@@ -143,6 +174,14 @@ struct Instances {
     for (int n = static_cast<int>(g() % 4); n > 0; --n) s += parts[g() % 10];
     return s + "\"";
   }
+  // A string within minLength / maxLength, of one-character parts.
+  std::string string_of(const ojson& s) {
+    static const char* parts[] = {"a", " ", "\\n", "\\\"", "\\u00e9", "é", "中", "\\uD83D\\uDE00", "0", "😀"};
+    const size_t lo = s.value("minLength", size_t{0}), hi = std::min<size_t>(s.value("maxLength", lo + 3), lo + 3);
+    std::string out = "\"";
+    for (size_t n = lo + g() % (hi - lo + 1); n > 0; --n) out += parts[g() % 10];
+    return out + "\"";
+  }
   std::string any(int depth) {
     switch (depth > 3 ? 2 + g() % 3 : g() % 5) {
       case 0: return "{" + ws() + "\"k\\u0041\"" + ws() + ":" + ws() + any(depth + 1) + "}";
@@ -174,6 +213,9 @@ const std::vector<std::string> kSchemas = {
     R"({"type":"object","properties":{"ab":{"type":"string"},"abc":{"type":"integer"},"b":{"type":"array","maxItems":0}},
         "additionalProperties":{"type":"string"}})",
     R"({"type":"object"})",
+    R"({"type":"object","properties":{"code":{"type":"string","minLength":2,"maxLength":4},"n":{"type":"integer","minimum":-5,
+        "exclusiveMaximum":100},"x":{"type":["number","null"],"exclusiveMinimum":0,"maximum":2.5},"s":{"type":"string","maxLength":0},
+        "y":{"type":"number","minimum":-4.75,"maximum":-4.75}},"required":["code","n"],"additionalProperties":false})",
 };
 
 }  // namespace
@@ -181,8 +223,17 @@ const std::vector<std::string> kSchemas = {
 TEST(JsonSchema, RefusesWhatItCannotEnforceNamingTheKeyword) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"type":"string"})", "s"},
-      {R"({"type":"object","properties":{"d":{"type":"string","maxLength":9}}})", "s.properties.d.maxLength"},
-      {R"({"type":"object","properties":{"n":{"type":"integer","minimum":1}}})", "s.properties.n.minimum"},
+      {R"({"type":"object","properties":{"d":{"type":"string","maxLength":-1}}})", "s.properties.d.maxLength"},
+      {R"({"type":"object","properties":{"d":{"type":"string","minLength":3,"maxLength":2}}})", "s.properties.d.minLength"},
+      {R"({"type":"object","properties":{"d":{"minLength":3}}})", "s.properties.d.minLength"},
+      {R"({"type":"object","properties":{"n":{"type":"integer","minimum":"1"}}})", "s.properties.n.minimum"},
+      {R"({"type":"object","properties":{"n":{"type":"number","exclusiveMaximum":true}}})", "s.properties.n.exclusiveMaximum"},
+      {R"({"type":"object","properties":{"n":{"type":"number","maximum":1e50}}})", "s.properties.n.maximum"},
+      {R"({"type":"object","properties":{"n":{"type":"integer","minimum":5,"maximum":4}}})", "s.properties.n"},
+      {R"({"type":"object","properties":{"n":{"type":"integer","exclusiveMinimum":1,"exclusiveMaximum":2}}})", "s.properties.n"},
+      {R"({"type":"object","properties":{"n":{"type":"integer","minimum":0.5,"maximum":0.75}}})", "s.properties.n"},
+      {R"({"type":"object","properties":{"n":{"enum":[1,2],"minimum":2}}})", "s.properties.n.minimum"},
+      {R"({"type":"object","properties":{"n":{"type":"number","multipleOf":2}}})", "s.properties.n.multipleOf"},
       {R"({"type":"object","properties":{"n":{"type":"string","pattern":"a+"}}})", "s.properties.n.pattern"},
       {R"({"type":"object","required":["x"]})", "s.required[0]"},
       {R"({"type":"object","properties":{"a\"b":{}}})", "s.properties.a\"b"},
@@ -303,6 +354,19 @@ TEST(JsonSchema, MaskIsEveryTokenThatFitsInKeys) {
   const auto vocab = std::make_shared<const JsonVocab>(tok, tok.vocab_size(), 1);
   const auto g = JsonGrammar::compile(ojson::parse(kSchemas[5]), "s");
   for (const char* text : {"{\"a", "{\"ax", "{\"abc\": 1, \"zz", "{\"b\": [", "{\"ab\": \"x"}) {
+    JsonConstraint c(vocab, g, false);
+    for (int32_t id : tok.encode(text)) c.push(id);
+    dsv4::testing::expect_mask_is_allows(c, vocab->size(), text);
+  }
+}
+
+// The same inside bounded values: a string near its maxLength (no fast path there), numbers near
+// their bounds.
+TEST(JsonSchema, MaskIsEveryTokenThatFitsInBoundedValues) {
+  const Tokenizer tok = Tokenizer::load(dsv4::testing::tokenizer_dir());
+  const auto vocab = std::make_shared<const JsonVocab>(tok, tok.vocab_size(), 1);
+  const auto g = JsonGrammar::compile(ojson::parse(kSchemas[7]), "s");
+  for (const char* text : {"{\"code\": \"a", "{\"code\": \"abc", "{\"n\": 9", "{\"x\": 0.", "{\"code\": \"ab\", \"y\": -4"}) {
     JsonConstraint c(vocab, g, false);
     for (int32_t id : tok.encode(text)) c.push(id);
     dsv4::testing::expect_mask_is_allows(c, vocab->size(), text);

@@ -319,10 +319,10 @@ TEST_F(ServerRequest, ResponseFormatJsonSchema) {
   const std::vector<Bad> cases = {
       {R"({"type":"json_schema"})", "response_format.json_schema"},
       {R"({"type":"json_schema","json_schema":{"name":"x"}})", "response_format.json_schema.schema"},
-      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"d":{"type":"string","minLength":1}}}}})",
-       "response_format.json_schema.schema.properties.d.minLength"},
+      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"d":{"type":"string","pattern":"a"}}}}})",
+       "response_format.json_schema.schema.properties.d.pattern"},
       {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"array"}}})", "response_format.json_schema.schema"},
-      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"n":{"type":"integer","minimum":0}}}}})",
+      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"n":{"type":"integer","minimum":"0"}}}}})",
        "response_format.json_schema.schema.properties.n.minimum"},
   };
   for (const auto& c : cases) EXPECT_EQ(refused(Api::OpenAiChat, chat_body(R"("response_format":)" + c.extra)), c.param) << c.extra;

@@ -21,9 +21,15 @@ const std::set<std::string> kAnnotations = {"title",    "description", "default"
                                             "$schema",  "$id",         "$comment",        "deprecated",
                                             "readOnly", "writeOnly",   "format",          "contentEncoding",
                                             "contentMediaType"};
-const std::set<std::string> kKeywords = {"type",     "properties", "required", "additionalProperties", "items",
-                                         "minItems", "maxItems",   "enum",     "const",                "anyOf",
-                                         "oneOf",    "allOf",      "$ref",     "$defs",    "definitions"};
+const std::set<std::string> kKeywords = {"type",      "properties", "required",         "additionalProperties",
+                                         "items",     "minItems",   "maxItems",         "minLength",
+                                         "maxLength", "minimum",    "maximum",          "exclusiveMinimum",
+                                         "exclusiveMaximum",        "enum",             "const",
+                                         "anyOf",     "oneOf",      "allOf",            "$ref",
+                                         "$defs",     "definitions"};
+// Keywords that hold only beside a type (a string's length, a number's bounds).
+const std::set<std::string> kTypeKeywords = {"minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+                                             "exclusiveMaximum"};
 
 [[noreturn]] void refuse(const std::string& path, const std::string& why) { throw SchemaError(path, why); }
 
@@ -89,7 +95,8 @@ struct GrammarCompiler {
       if (kAnnotations.count(k)) continue;
       if (!kKeywords.count(k))
         refuse(path + "." + k, "is not enforced by this server (it enforces type, properties, required, "
-                               "additionalProperties, items, minItems, maxItems, enum, const, anyOf, oneOf, allOf of one and $ref)");
+                               "additionalProperties, items, minItems, maxItems, minLength, maxLength, minimum, maximum, "
+                               "exclusiveMinimum, exclusiveMaximum, enum, const, anyOf, oneOf, allOf of one and $ref)");
       if (k != "$defs" && k != "definitions") constraints.push_back(k);
     }
     auto only = [&](const char* k) {
@@ -107,6 +114,8 @@ struct GrammarCompiler {
     }
     if (has(s, "enum") || has(s, "const")) {
       if (has(s, "anyOf") || has(s, "oneOf")) refuse(path, "enum / const beside anyOf / oneOf is not supported");
+      for (const std::string& k : constraints)
+        if (kTypeKeywords.count(k)) refuse(path + "." + k, "beside enum / const is not supported");
       const bool c = has(s, "const");
       if (c && has(s, "enum")) refuse(path, "enum and const together are not supported");
       const std::string where = path + (c ? ".const" : ".enum");
@@ -140,6 +149,8 @@ struct GrammarCompiler {
       return id;
     }
     if (!has(s, "type")) {
+      for (const std::string& k : constraints)
+        if (kTypeKeywords.count(k)) refuse(path + "." + k, "is supported only beside a type (string, number or integer)");
       if (has(s, "properties") || has(s, "required") || has(s, "additionalProperties")) return typed(s, "object", path);
       if (has(s, "items") || has(s, "minItems") || has(s, "maxItems")) return typed(s, "array", path);
       return any_node();
@@ -201,22 +212,23 @@ struct GrammarCompiler {
       n.kind = JsonGrammar::Array;
       if (has(s, "items") && s["items"].is_array()) refuse(path + ".items", "a list of schemas (tuple) is not supported");
       n.items = has(s, "items") ? compile(s["items"], path + ".items") : any_node();
-      auto count = [&](const char* k, uint32_t def) {
-        if (!has(s, k)) return def;
-        const ojson& v = s[k];
-        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (int64_t{1} << 30))
-          refuse(path + "." + k, "must be an integer in [0, 2^30]");
-        return static_cast<uint32_t>(v.get<int64_t>());
-      };
-      n.min_items = count("minItems", 0);
-      n.max_items = count("maxItems", UINT32_MAX);
+      n.min_items = count(s, "minItems", 0, path);
+      n.max_items = count(s, "maxItems", UINT32_MAX, path);
       if (n.min_items > n.max_items) refuse(path + ".minItems", "is above maxItems");
     } else if (type == "string") {
       n.kind = JsonGrammar::String;
-    } else if (type == "number") {
-      n.kind = JsonGrammar::Number;
-    } else if (type == "integer") {
-      n.kind = JsonGrammar::Integer;
+      n.min_len = count(s, "minLength", 0, path);
+      n.max_len = count(s, "maxLength", UINT32_MAX, path);
+      if (n.min_len > n.max_len) refuse(path + ".minLength", "is above maxLength");
+    } else if (type == "number" || type == "integer") {
+      n.kind = type == "number" ? JsonGrammar::Number : JsonGrammar::Integer;
+      if (NumberRange::in_schema(s)) {
+        n.range = static_cast<int>(g.ranges_.size());
+        g.ranges_.push_back(NumberRange::from_schema(s, path));
+        if (!g.ranges_.back().feasible("", type == "integer", JsonGrammarState::kMaxNumber))
+          refuse(path, std::string("no ") + (type == "integer" ? "integer" : "number") + " of at most " +
+                           std::to_string(JsonGrammarState::kMaxNumber) + " bytes lies within the bounds");
+      }
     } else if (type == "boolean") {
       return add(enum_of({"true", "false"}, {0, 0}));
     } else if (type == "null") {
@@ -225,6 +237,15 @@ struct GrammarCompiler {
       refuse(path + ".type", "unknown type '" + type + "'");
     }
     return add(std::move(n));
+  }
+
+  // A count keyword (minItems, maxLength, ...): `def` when absent.
+  static uint32_t count(const ojson& s, const char* k, uint32_t def, const std::string& path) {
+    if (!has(s, k)) return def;
+    const ojson& v = s[k];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (int64_t{1} << 30))
+      refuse(path + "." + k, "must be an integer in [0, 2^30]");
+    return static_cast<uint32_t>(v.get<int64_t>());
   }
 
   int ref(const std::string& r, const std::string& path) {
@@ -276,8 +297,9 @@ struct GrammarCompiler {
         case JsonGrammar::String: set(i, '"'); break;
         case JsonGrammar::Number:
         case JsonGrammar::Integer:
-          set(i, '-');
-          for (uint8_t d = '0'; d <= '9'; ++d) set(i, d);
+          for (const char c : std::string("-0123456789"))
+            if (n.range < 0 || g.range(n.range).feasible(std::string(1, c), n.kind == JsonGrammar::Integer, JsonGrammarState::kMaxNumber))
+              set(i, static_cast<uint8_t>(c));
           break;
         case JsonGrammar::Enum:
           for (const std::string& t : n.texts) set(i, static_cast<uint8_t>(t[0]));
@@ -369,6 +391,7 @@ JsonGrammarState& JsonGrammarState::operator=(const JsonGrammarState& o) {
   std::memcpy(frames_.data(), o.frames_.data(), sizeof(Frame) * static_cast<size_t>(o.depth_));
   depth_ = o.depth_, containers_ = o.containers_, done_ = o.done_, spaces_ = o.spaces_;
   lex_ = o.lex_, pair_ = o.pair_, left_ = o.left_, lo_ = o.lo_, hi_ = o.hi_, code_ = o.code_;
+  if (lex_ >= Minus) std::memcpy(num_.data(), o.num_.data(), left_);  // a number is open
   return *this;
 }
 
@@ -376,8 +399,9 @@ bool JsonGrammarState::in_string_text() const {
   if (depth_ == 0 || lex_ != Text || pair_ != None) return false;
   const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
   const Node& n = g_->node(f.node);
-  // A string value, or a key where any key is allowed.
-  return n.kind == JsonGrammar::String || (n.kind == JsonGrammar::Object && f.phase == OKey && n.additional >= 0);
+  // A string value (whose length is not bounded above), or a key where any key is allowed.
+  return (n.kind == JsonGrammar::String && n.max_len == UINT32_MAX) ||
+         (n.kind == JsonGrammar::Object && f.phase == OKey && n.additional >= 0);
 }
 
 bool JsonGrammarState::key_possible(const Frame& f) const {
@@ -407,11 +431,13 @@ bool JsonGrammarState::begin_value(int node, uint8_t b) {
       break;
     case JsonGrammar::Number:
     case JsonGrammar::Integer:
-      left_ = 1;
+      left_ = 1, num_[0] = static_cast<char>(b);
       if (b == '-') lex_ = Minus;
       else if (b == '0') lex_ = Zero;
       else if (b >= '1' && b <= '9') lex_ = Int;
       else return false;
+      if (n.range >= 0 && !g_->range(n.range).feasible({num_.data(), 1}, n.kind == JsonGrammar::Integer, kMaxNumber))
+        return false;
       break;
     case JsonGrammar::Enum:
       for (size_t k = 0; k < n.texts.size(); ++k)
@@ -430,6 +456,7 @@ void JsonGrammarState::end_value() {
   --depth_;
   const JsonGrammar::Kind k = g_->node(frames_[static_cast<size_t>(depth_)].node).kind;
   if (k == JsonGrammar::Object || k == JsonGrammar::Array) --containers_;
+  if (k == JsonGrammar::Number || k == JsonGrammar::Integer) lex_ = Text;  // (copies skip num_ again)
   if (depth_ == 0) {
     done_ = true;
     return;
@@ -515,13 +542,16 @@ bool JsonGrammarState::string_byte(uint8_t b, bool key) {
 // left_ counts the number's bytes: a byte that needs another after it ('.', 'e', a sign of the
 // exponent) is taken only while two fit under kMaxNumber, a digit while one does; otherwise the
 // number ends there.
-bool JsonGrammarState::number_byte(uint8_t b, bool integer, bool& ended) {
+// With bounds (Node::range) each byte taken must leave the number able to end within them, and the
+// number ends only within them; it has no exponent then.
+bool JsonGrammarState::number_byte(uint8_t b, const JsonGrammar::Node& n, bool& ended) {
+  const bool integer = n.kind == JsonGrammar::Integer, bounded = n.range >= 0;
   const bool digit = b >= '0' && b <= '9';
   const int room = kMaxNumber - left_;
   auto take = [&](Lex next) {
     lex_ = next;
-    ++left_;
-    return true;
+    num_[left_++] = static_cast<char>(b);
+    return !bounded || g_->range(n.range).feasible({num_.data(), left_}, integer, kMaxNumber);
   };
   switch (lex_) {
     case Minus:
@@ -540,9 +570,9 @@ bool JsonGrammarState::number_byte(uint8_t b, bool integer, bool& ended) {
     default:  // Zero, Int, Frac, ExpDigits: the number may end here
       if (digit && lex_ != Zero && room >= 1) return take(static_cast<Lex>(lex_));
       if (b == '.' && !integer && (lex_ == Zero || lex_ == Int) && room >= 2) return take(Dot);
-      if ((b == 'e' || b == 'E') && !integer && lex_ != ExpDigits && room >= 2) return take(Exp);
+      if ((b == 'e' || b == 'E') && !integer && !bounded && lex_ != ExpDigits && room >= 2) return take(Exp);
       ended = true;
-      return true;
+      return !bounded || g_->range(n.range).contains({num_.data(), left_});
   }
 }
 
@@ -554,11 +584,21 @@ JsonGrammarState::Step JsonGrammarState::step(uint8_t b, bool ws) {
   Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
   const Node& n = g_->node(f.node);
   switch (n.kind) {
-    case JsonGrammar::String: return ok(string_byte(b, false));
+    case JsonGrammar::String: {
+      // A character starts at a byte of the text (not inside an escape or a UTF-8 sequence, not
+      // the low half of an escaped pair); the closing quote comes only after min_len of them.
+      const bool text = lex_ == Text && pair_ == None;
+      if (text && b == '"' && f.count < n.min_len) return Step::Refused;
+      const bool starts = text && b != '"';
+      if (starts && f.count >= n.max_len) return Step::Refused;
+      if (!string_byte(b, false)) return Step::Refused;
+      if (starts) ++f.count;
+      return Step::Taken;
+    }
     case JsonGrammar::Number:
     case JsonGrammar::Integer: {
       bool ended = false;
-      if (!number_byte(b, n.kind == JsonGrammar::Integer, ended)) return Step::Refused;
+      if (!number_byte(b, n, ended)) return Step::Refused;
       if (!ended) return Step::Taken;
       end_value();
       return Step::Again;

@@ -21,7 +21,12 @@
 //   compares keys byte by byte: a property name that needs one is refused); at most 64
 //   properties;
 // - arrays: items (one schema), minItems, maxItems;
+// - strings: minLength, maxLength (in characters: code points, an escape counting as the one it
+//   writes);
 // - integers are written without fraction or exponent;
+// - numbers and integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (also draft 4's
+//   boolean form), compared as exact decimals (text/json_number_range.h); a bounded number is
+//   written without an exponent, and the bounds must leave some number of kMaxNumber bytes;
 // - enum and const of strings, numbers, booleans and null (at most 64 values), written as
 //   nlohmann writes them (strings with their characters as they are, no escapes but the needed);
 // - anyOf / oneOf whose branches start with different bytes (a string or null, an object or an
@@ -43,6 +48,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "text/json_number_range.h"
 
 namespace dsv4 {
 
@@ -72,6 +78,10 @@ class JsonGrammar {
     // Array
     int items = -1;
     uint32_t min_items = 0, max_items = UINT32_MAX;
+    // String: bounds on the length in characters.
+    uint32_t min_len = 0, max_len = UINT32_MAX;
+    // Number, Integer: the bounds (range()), -1: none.
+    int range = -1;
     // Enum: each value's JSON text; numeric ones end only at the byte after them.
     std::vector<std::string> texts;
     std::vector<uint8_t> numeric;
@@ -80,6 +90,7 @@ class JsonGrammar {
     std::array<int16_t, 256> by_first{};
   };
   const Node& node(int i) const { return nodes_[static_cast<size_t>(i)]; }
+  const NumberRange& range(int i) const { return ranges_[static_cast<size_t>(i)]; }
   int root() const { return root_; }
   // Whether a value of node n can start with byte b.
   bool starts(int n, uint8_t b) const;
@@ -87,6 +98,7 @@ class JsonGrammar {
  private:
   friend struct GrammarCompiler;
   std::vector<Node> nodes_;
+  std::vector<NumberRange> ranges_;
   std::vector<std::array<uint64_t, 4>> first_;  // per node: the bytes a value can start with
   int root_ = -1;
 };
@@ -125,7 +137,7 @@ class JsonGrammarState {
     uint8_t phase;
     int16_t prop;    // object: the property whose key / value is read (-1: another key)
     uint16_t pos;    // object key / enum: bytes matched
-    uint32_t count;  // array: values so far
+    uint32_t count;  // array: values so far; string: characters so far
     uint64_t seen;   // object: properties given
     uint64_t cand;   // object key / enum: candidates still matching
   };
@@ -135,7 +147,7 @@ class JsonGrammarState {
   void end_value();
   bool string_byte(uint8_t b, bool key);
   bool key_possible(const Frame& f) const;
-  bool number_byte(uint8_t b, bool integer, bool& ended);
+  bool number_byte(uint8_t b, const JsonGrammar::Node& n, bool& ended);
 
   const JsonGrammar* g_;
   std::array<Frame, kMaxDepth + 2> frames_;
@@ -146,6 +158,8 @@ class JsonGrammarState {
   // The lexer of the innermost string or number.
   uint8_t lex_ = 0, pair_ = 0, left_ = 0, lo_ = 0, hi_ = 0;
   uint16_t code_ = 0;
+  // The number being read (left_ bytes): bounds are decided on its text.
+  std::array<char, kMaxNumber> num_;
 };
 
 }  // namespace dsv4

@@ -188,8 +188,9 @@ test('response_format json_object: every answer is one JSON object, streamed or 
 });
 
 test('response_format json_schema: the answer is an instance of the schema', async () => {
-  const schema = { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' },
-    unit: { enum: ['C', 'F'] } }, required: ['city', 'days', 'unit'], additionalProperties: false };
+  const schema = { type: 'object', properties: { city: { type: 'string', maxLength: 12 },
+    days: { type: 'integer', minimum: 1, maximum: 14 }, unit: { enum: ['C', 'F'] } },
+  required: ['city', 'days', 'unit'], additionalProperties: false };
   const req = chat('Weather as JSON', { response_format: { type: 'json_schema', json_schema: { name: 'weather', schema } },
     logit_bias: closing, max_tokens: 120, temperature: 0, thinking: { type: 'disabled' } });
   const a = await client.chat.completions.create(req);
@@ -197,7 +198,8 @@ test('response_format json_schema: the answer is an instance of the schema', asy
   const v = JSON.parse(a.choices[0].message.content);
   assert.deepStrictEqual(Object.keys(v).sort(), ['city', 'days', 'unit']);
   assert.strictEqual(typeof v.city, 'string');
-  assert.ok(Number.isInteger(v.days), JSON.stringify(v));
+  assert.ok([...v.city].length <= 12, JSON.stringify(v));
+  assert.ok(Number.isInteger(v.days) && v.days >= 1 && v.days <= 14, JSON.stringify(v));
   assert.ok(['C', 'F'].includes(v.unit), JSON.stringify(v));
   const s = await collectChat(await client.chat.completions.create({ ...req, stream: true }));
   assert.strictEqual(s.choices[0].content, a.choices[0].message.content);
@@ -210,8 +212,8 @@ test('response_format json_schema: the answer is an instance of the schema', asy
   assert.ok(['C', 'F'].includes(JSON.parse(c.choices[0].text).unit), c.choices[0].text);
   // What the grammar cannot enforce is refused, naming the keyword.
   await assert.rejects(client.chat.completions.create({ ...req, response_format: { type: 'json_schema', json_schema: {
-    name: 'w', schema: { ...schema, properties: { ...schema.properties, days: { type: 'integer', minimum: 0 } } } } } }),
-  (e) => e.status === 400 && /json_schema\.schema\.properties\.days\.minimum/.test(e.message));
+    name: 'w', schema: { ...schema, properties: { ...schema.properties, days: { type: 'integer', multipleOf: 7 } } } } } }),
+  (e) => e.status === 400 && /json_schema\.schema\.properties\.days\.multipleOf/.test(e.message));
 });
 
 test('logit_bias moves the picks', async () => {
