@@ -1,13 +1,16 @@
 // What the JSON mask (engine/json_constraint.h) costs per pick, over the real tokenizer's
 // vocabulary, at states of an answer: before the object, between tokens, inside a key and a
-// string value (the plain-text fast path), and while reasoning. Not a test; docs/perf.md
-// "Session 31" has its figures.
+// string value (the plain-text fast path), while reasoning, and inside a schema's bounded values
+// (strings with a maxLength or a pattern, which have no fast path; a number with bounds). Not a
+// test; docs/perf.md "Session 31" and "Session 32" have its figures.
 // Usage: json_mask_bench TOKENIZER_DIR [REPEATS]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/json_constraint.h"
 #include "text/tokenizer.h"
@@ -24,7 +27,11 @@ int main(int argc, char** argv) {
     const char* name;
     const char* text;
     bool reasoning;
+    const char* schema = nullptr;  // none: any object
   };
+  const char* bounded = R"({"type":"object","properties":{"s":{"type":"string","maxLength":100},
+      "t":{"type":"string","pattern":"b|-"},"d":{"type":"string","pattern":"^\\d{4}-\\d{2}-\\d{2}$"},
+      "n":{"type":"integer","minimum":0,"maximum":1000000}}})";
   const State states[] = {
       {"reasoning", "Let me think", true},
       {"before the object", "  ", false},
@@ -33,10 +40,16 @@ int main(int argc, char** argv) {
       {"in a number", "{\"a\":1", false},
       {"in a key", "{\"some key", false},
       {"in a string value", "{\"key\": \"abc", false},
+      {"maxLength string", "{\"s\": \"abc", false, bounded},
+      {"pattern b|-", "{\"t\": \"abc", false, bounded},
+      {"pattern date", "{\"d\": \"20", false, bounded},
+      {"bounded integer", "{\"n\": 12", false, bounded},
   };
   std::vector<float> logits(static_cast<size_t>(vocab->size()));
   for (const State& s : states) {
-    dsv4::JsonConstraint c(vocab, dsv4::JsonGrammar::any_object(), s.reasoning);
+    dsv4::JsonConstraint c(vocab, s.schema ? dsv4::JsonGrammar::compile(nlohmann::ordered_json::parse(s.schema), "schema")
+                                           : dsv4::JsonGrammar::any_object(),
+                           s.reasoning);
     for (int32_t id : tok.encode(s.text)) c.push(id);
     int64_t left = 0;
     const auto t0 = std::chrono::steady_clock::now();

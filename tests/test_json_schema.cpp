@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -40,8 +41,11 @@ size_t chars(const std::string& s) {
 
 // A string's length and a number's bounds (doubles: the tests' bounds and values are exact in them).
 bool in_limits(const ojson& v, const ojson& s) {
-  if (v.is_string())
-    return chars(v.get<std::string>()) >= s.value("minLength", size_t{0}) && chars(v.get<std::string>()) <= s.value("maxLength", SIZE_MAX);
+  if (v.is_string()) {
+    const std::string t = v.get<std::string>();  // (the tests' patterns are ASCII: std::regex on bytes)
+    if (s.contains("pattern") && !std::regex_search(t, std::regex(s["pattern"].get<std::string>(), std::regex::ECMAScript))) return false;
+    return chars(t) >= s.value("minLength", size_t{0}) && chars(t) <= s.value("maxLength", SIZE_MAX);
+  }
   if (!v.is_number()) return true;
   const double x = v.get<double>();
   const bool ex_lo = s.value("exclusiveMinimum", ojson(false)).is_boolean() && s.value("exclusiveMinimum", false);
@@ -129,6 +133,11 @@ struct Instances {
     else if (s.contains("properties") || s.contains("additionalProperties")) t = "object";
     else if (s.contains("items")) t = "array";
     else return any(depth);
+    if (t == "string" && s.contains("pattern")) {
+      std::vector<std::string> c = {"2024-01", "1999-12", "x2024-01", "ab", "a0b", "2024-01-31", ":"};
+      c.erase(std::remove_if(c.begin(), c.end(), [&](const std::string& x) { return !in_limits(ojson(x), s); }), c.end());
+      return ojson(c[g() % c.size()]).dump();
+    }
     if (t == "string") return s.contains("minLength") || s.contains("maxLength") ? string_of(s) : string();
     if (t == "number" || t == "integer") {
       std::vector<std::string> c = t == "number" ? std::vector<std::string>{"0", "-1.5", "2e3", "12", "0.25E-1", "-0"}
@@ -215,7 +224,8 @@ const std::vector<std::string> kSchemas = {
     R"({"type":"object"})",
     R"({"type":"object","properties":{"code":{"type":"string","minLength":2,"maxLength":4},"n":{"type":"integer","minimum":-5,
         "exclusiveMaximum":100},"x":{"type":["number","null"],"exclusiveMinimum":0,"maximum":2.5},"s":{"type":"string","maxLength":0},
-        "y":{"type":"number","minimum":-4.75,"maximum":-4.75}},"required":["code","n"],"additionalProperties":false})",
+        "y":{"type":"number","minimum":-4.75,"maximum":-4.75},"m":{"type":"string","pattern":"^\\d{4}-(0[1-9]|1[0-2])$"},
+        "t":{"type":"string","pattern":"0|:"}},"required":["code","n"],"additionalProperties":false})",
 };
 
 }  // namespace
@@ -234,7 +244,8 @@ TEST(JsonSchema, RefusesWhatItCannotEnforceNamingTheKeyword) {
       {R"({"type":"object","properties":{"n":{"type":"integer","minimum":0.5,"maximum":0.75}}})", "s.properties.n"},
       {R"({"type":"object","properties":{"n":{"enum":[1,2],"minimum":2}}})", "s.properties.n.minimum"},
       {R"({"type":"object","properties":{"n":{"type":"number","multipleOf":2}}})", "s.properties.n.multipleOf"},
-      {R"({"type":"object","properties":{"n":{"type":"string","pattern":"a+"}}})", "s.properties.n.pattern"},
+      {R"({"type":"object","properties":{"n":{"type":"string","pattern":"\\1"}}})", "s.properties.n.pattern"},
+      {R"({"type":"object","properties":{"n":{"type":"string","pattern":7}}})", "s.properties.n.pattern"},
       {R"({"type":"object","required":["x"]})", "s.required[0]"},
       {R"({"type":"object","properties":{"a\"b":{}}})", "s.properties.a\"b"},
       {R"({"type":"object","properties":{"x":{"anyOf":[{"type":"string"},{"enum":["a"]}]}}})", "s.properties.x.anyOf"},
@@ -271,6 +282,20 @@ TEST(JsonSchema, RefusesOverlongValuesAndNames) {
   }
   schema = {{"type", "object"}, {"properties", {{big, {{"type", "string"}}}}}};
   EXPECT_THROW(JsonGrammar::compile(schema, "s"), SchemaError);
+  // Patterns share a budget of states (each costs its states squared to build).
+  ojson props = ojson::object(), defs = ojson::object();
+  for (int d = 0; d < 6; ++d) {
+    ojson inner = ojson::object();
+    for (int k = 0; k < 64; ++k) inner["q" + std::to_string(k)] = {{"type", "string"}, {"pattern", "\\d{100}"}};
+    defs["A" + std::to_string(d)] = {{"type", "object"}, {"properties", inner}};
+    props["p" + std::to_string(d)] = {{"$ref", "#/$defs/A" + std::to_string(d)}};
+  }
+  try {
+    JsonGrammar::compile({{"type", "object"}, {"properties", props}, {"$defs", defs}}, "s");
+    ADD_FAILURE() << "accepted 384 patterns of 100 states";
+  } catch (const SchemaError& e) {
+    EXPECT_NE(e.why.find("in all"), std::string::npos) << e.what();
+  }
 }
 
 TEST(JsonSchema, AcceptsInstancesAndRefusesWhereTheyGoWrong) {
@@ -366,7 +391,8 @@ TEST(JsonSchema, MaskIsEveryTokenThatFitsInBoundedValues) {
   const Tokenizer tok = Tokenizer::load(dsv4::testing::tokenizer_dir());
   const auto vocab = std::make_shared<const JsonVocab>(tok, tok.vocab_size(), 1);
   const auto g = JsonGrammar::compile(ojson::parse(kSchemas[7]), "s");
-  for (const char* text : {"{\"code\": \"a", "{\"code\": \"abc", "{\"n\": 9", "{\"x\": 0.", "{\"code\": \"ab\", \"y\": -4"}) {
+  for (const char* text : {"{\"code\": \"a", "{\"code\": \"abc", "{\"n\": 9", "{\"x\": 0.", "{\"code\": \"ab\", \"y\": -4",
+                           "{\"m\": \"20", "{\"m\": \"2024-1", "{\"t\": \"xy", "{\"t\": \"x中"}) {
     JsonConstraint c(vocab, g, false);
     for (int32_t id : tok.encode(text)) c.push(id);
     dsv4::testing::expect_mask_is_allows(c, vocab->size(), text);

@@ -319,7 +319,7 @@ TEST_F(ServerRequest, ResponseFormatJsonSchema) {
   const std::vector<Bad> cases = {
       {R"({"type":"json_schema"})", "response_format.json_schema"},
       {R"({"type":"json_schema","json_schema":{"name":"x"}})", "response_format.json_schema.schema"},
-      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"d":{"type":"string","pattern":"a"}}}}})",
+      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"d":{"type":"string","pattern":"a\\1"}}}}})",
        "response_format.json_schema.schema.properties.d.pattern"},
       {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"array"}}})", "response_format.json_schema.schema"},
       {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"n":{"type":"integer","minimum":"0"}}}}})",

@@ -50,6 +50,16 @@ int first_marker(const std::string& tail, std::string_view bytes, uint8_t bits, 
   return -1;
 }
 
+// The code point starting at b[i] (valid UTF-8); i moves past it.
+uint32_t next_code_point(const std::string& b, size_t& i) {
+  const auto c = static_cast<uint8_t>(b[i++]);
+  if (c < 0x80) return c;
+  const int more = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : 1;
+  uint32_t v = c & (more == 1 ? 0x1Fu : more == 2 ? 0x0Fu : 0x07u);
+  for (int k = 0; k < more; ++k) v = v << 6 | (static_cast<uint8_t>(b[i++]) & 0x3Fu);
+  return v;
+}
+
 // Whether b, inside a JSON string, is text that leaves the string open and needs nothing after it.
 bool plain_string_text(const std::string& b) {
   JsonGrammarState j(JsonGrammar::any_object().get());
@@ -63,7 +73,7 @@ bool plain_string_text(const std::string& b) {
 
 JsonVocab::JsonVocab(const Tokenizer& tok, int64_t vocab, int32_t eos)
     : bytes_(static_cast<size_t>(vocab)), kind_(static_cast<size_t>(vocab), Never), marker_end_(static_cast<size_t>(vocab), 0),
-      string_text_(static_cast<size_t>(vocab), 0), eos_(eos) {
+      string_text_(static_cast<size_t>(vocab), 0), text_chars_(static_cast<size_t>(vocab), 0), eos_(eos) {
   if (auto t = tok.find_token(kThinkEndText); t && *t < vocab) think_end_ = *t;
   const int64_t known = std::min<int64_t>(vocab, tok.vocab_size());
   for (int64_t id = 0; id < known; ++id) {
@@ -82,6 +92,11 @@ JsonVocab::JsonVocab(const Tokenizer& tok, int64_t vocab, int32_t eos)
       if (b.find(marker(k).back()) != std::string::npos) marker_end_[id] |= static_cast<uint8_t>(1 << k);
     if (kind_[id] == Plain) by_first_[static_cast<uint8_t>(b[0])].push_back(i);
     string_text_[id] = kind_[id] == Plain && plain_string_text(b);
+    if (string_text_[id]) {
+      size_t n = 0;
+      for (size_t k = 0; k < b.size(); ++n) next_code_point(b, k);
+      text_chars_[id] = static_cast<uint16_t>(std::min<size_t>(n, UINT16_MAX));
+    }
     bytes_[id] = std::move(b);
   }
   for (int64_t id = 0; id < vocab; ++id)
@@ -102,6 +117,47 @@ bool JsonConstraint::reasoning_allows(const std::string& bytes, size_t& json_fro
   const std::string_view rest = std::string_view(bytes).substr(past);
   JsonGrammarState j(grammar_.get());
   return j.push(rest) && rest.find(kEosText) == std::string_view::npos;
+}
+
+int32_t JsonConstraint::PatternDfa::id(const JsonPattern::Set& s) {
+  if (auto it = ids.find(s); it != ids.end()) return it->second;
+  if (sets.size() >= 4096) ids.clear(), sets.clear(), ascii.clear(), other.clear(), ++generation;  // a pathological pattern: start over
+  const auto n = static_cast<int32_t>(sets.size());
+  ids.emplace(s, n);
+  sets.push_back(s);
+  ascii.emplace_back().fill(-2);
+  return n;
+}
+
+int32_t JsonConstraint::PatternDfa::next(const JsonPattern& p, int32_t from, uint32_t cp) {
+  const uint64_t key = static_cast<uint64_t>(from) << 21 | cp;
+  if (cp < 128) {
+    if (ascii[static_cast<size_t>(from)][cp] != -2) return ascii[static_cast<size_t>(from)][cp];
+  } else if (auto it = other.find(key); it != other.end()) {
+    return it->second;
+  }
+  const JsonPattern::Set s = sets[static_cast<size_t>(from)];
+  const uint32_t gen = generation;
+  const int32_t to = p.any_in(s, cp, cp) ? id(p.step(s, cp)) : -1;
+  if (gen != generation) return to;  // the numbering restarted: `from` is gone
+  if (cp < 128) ascii[static_cast<size_t>(from)][cp] = to;
+  else other.emplace(key, to);
+  return to;
+}
+
+bool JsonConstraint::PatternDfa::fits(const JsonPattern& p, int32_t from, const std::string& text) {
+  // (A restart of the numbering inside next() leaves `s` valid: it is the id just given.)
+  int32_t s = from;
+  for (size_t i = 0; i < text.size() && s >= 0;) s = next(p, s, next_code_point(text, i));
+  return s >= 0;
+}
+
+JsonConstraint::PatternDfa& JsonConstraint::dfa(int pattern) const {
+  for (PatternDfa& d : dfas_)
+    if (d.pattern == pattern) return d;
+  PatternDfa& d = dfas_.emplace_back();
+  d.pattern = pattern;
+  return d;
 }
 
 bool JsonConstraint::allows(int32_t id) const {
@@ -137,8 +193,14 @@ int64_t JsonConstraint::mask(float* logits) const {
   } else {
     // Most tokens are decided by their first byte alone (outside strings, few bytes can come).
     for (int32_t id : v.not_plain_) logits[id] = -INFINITY;
-    // Inside a string's text, most tokens are text too, and fit whatever came before.
-    const bool text = json_.in_string_text();
+    // Inside a string's text, most tokens are text too, and fit whatever came before (as far as
+    // the string's length bound and pattern allow).
+    const JsonGrammarState::TextSpot spot = json_.text_spot();
+    PatternDfa* dfa_at = spot.pattern >= 0 ? &dfa(spot.pattern) : nullptr;
+    const JsonPattern* pattern = spot.pattern >= 0 ? &grammar_->pattern(spot.pattern) : nullptr;
+    int32_t from = dfa_at ? dfa_at->id(spot.states) : -1;
+    uint32_t generation = dfa_at ? dfa_at->generation : 0;
+    const bool free_text = spot.room == UINT32_MAX && !dfa_at;  // (no per-token lookups then)
     for (int c = 0; c < 256; ++c) {
       const std::vector<int32_t>& ids = v.by_first_[static_cast<size_t>(c)];
       JsonGrammarState first = json_;
@@ -148,8 +210,11 @@ int64_t JsonConstraint::mask(float* logits) const {
       }
       for (int32_t id : ids) {
         const std::string& b = v.bytes_[static_cast<size_t>(id)];
-        bool ok = text && v.string_text_[static_cast<size_t>(id)];
-        if (!ok) {
+        bool ok;
+        if (spot.text && v.string_text_[static_cast<size_t>(id)]) {
+          if (dfa_at && dfa_at->generation != generation) from = dfa_at->id(spot.states), generation = dfa_at->generation;
+          ok = free_text || (v.text_chars_[static_cast<size_t>(id)] <= spot.room && (!dfa_at || dfa_at->fits(*pattern, from, b)));
+        } else {
           JsonGrammarState j = first;
           ok = j.push(std::string_view(b).substr(1));
         }

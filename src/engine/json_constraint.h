@@ -15,8 +15,10 @@
 // reads back exactly as the object the constraint checked.
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -44,6 +46,7 @@ class JsonVocab {
   std::vector<uint8_t> kind_;
   std::vector<uint8_t> marker_end_;  // bit k: the token holds the last byte of marker k
   std::vector<uint8_t> string_text_;  // whole UTF-8 characters, none of them '"', '\\' or a control
+  std::vector<uint16_t> text_chars_;  // such a token's characters
   std::array<std::vector<int32_t>, 256> by_first_;  // plain tokens by first byte
   std::vector<int32_t> not_plain_;                   // the others
   int32_t eos_ = -1, think_end_ = -1;
@@ -66,6 +69,24 @@ class JsonConstraint {
   // While reasoning: where "</think>" ends in tail_ + bytes (npos: it does not), or a forbidden
   // marker found (returns false).
   bool reasoning_allows(const std::string& bytes, size_t& json_from) const;
+
+  // A string pattern's NFA state sets met so far, numbered, with their successors on ASCII
+  // characters filled in as they are met (a lazy DFA): the mask walks each token of text through
+  // it instead of the NFA. Per answer, so nothing is shared between threads.
+  struct PatternDfa {
+    int pattern = -1;
+    std::map<JsonPattern::Set, int32_t> ids;
+    std::vector<JsonPattern::Set> sets;
+    std::vector<std::array<int32_t, 128>> ascii;  // -2: not yet known, -1: refused
+    std::unordered_map<uint64_t, int32_t> other;  // (set << 21 | code point) past ASCII
+    uint32_t generation = 0;                      // numbering restarts (past 4096 sets)
+    int32_t id(const JsonPattern::Set& s);
+    int32_t next(const JsonPattern& p, int32_t from, uint32_t cp);
+    // Whether text (whole UTF-8 characters) can follow from state `from`.
+    bool fits(const JsonPattern& p, int32_t from, const std::string& text);
+  };
+  PatternDfa& dfa(int pattern) const;
+  mutable std::vector<PatternDfa> dfas_;
 
   std::shared_ptr<const JsonVocab> vocab_;
   std::shared_ptr<const JsonGrammar> grammar_;

@@ -23,12 +23,13 @@ const std::set<std::string> kAnnotations = {"title",    "description", "default"
                                             "contentMediaType"};
 const std::set<std::string> kKeywords = {"type",      "properties", "required",         "additionalProperties",
                                          "items",     "minItems",   "maxItems",         "minLength",
-                                         "maxLength", "minimum",    "maximum",          "exclusiveMinimum",
+                                         "maxLength", "pattern",    "minimum",          "maximum",
+                                         "exclusiveMinimum",
                                          "exclusiveMaximum",        "enum",             "const",
                                          "anyOf",     "oneOf",      "allOf",            "$ref",
                                          "$defs",     "definitions"};
 // Keywords that hold only beside a type (a string's length, a number's bounds).
-const std::set<std::string> kTypeKeywords = {"minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+const std::set<std::string> kTypeKeywords = {"minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum",
                                              "exclusiveMaximum"};
 
 [[noreturn]] void refuse(const std::string& path, const std::string& why) { throw SchemaError(path, why); }
@@ -51,6 +52,8 @@ struct GrammarCompiler {
   std::map<std::string, int> refs;
   std::map<int, std::string> anyof_paths;
   int any = -1;
+  int pattern_states = 0;
+  static constexpr int kMaxPatternStates = 32768;
 
   int add(Node n) {
     g.nodes_.push_back(std::move(n));
@@ -95,7 +98,7 @@ struct GrammarCompiler {
       if (kAnnotations.count(k)) continue;
       if (!kKeywords.count(k))
         refuse(path + "." + k, "is not enforced by this server (it enforces type, properties, required, "
-                               "additionalProperties, items, minItems, maxItems, minLength, maxLength, minimum, maximum, "
+                               "additionalProperties, items, minItems, maxItems, minLength, maxLength, pattern, minimum, maximum, "
                                "exclusiveMinimum, exclusiveMaximum, enum, const, anyOf, oneOf, allOf of one and $ref)");
       if (k != "$defs" && k != "definitions") constraints.push_back(k);
     }
@@ -220,6 +223,15 @@ struct GrammarCompiler {
       n.min_len = count(s, "minLength", 0, path);
       n.max_len = count(s, "maxLength", UINT32_MAX, path);
       if (n.min_len > n.max_len) refuse(path + ".minLength", "is above maxLength");
+      if (has(s, "pattern")) {
+        if (!s["pattern"].is_string()) refuse(path + ".pattern", "must be a string");
+        n.pattern = static_cast<int>(g.patterns_.size());
+        g.patterns_.push_back(JsonPattern::compile(s["pattern"].get<std::string>(), path + ".pattern"));
+        // Each pattern costs its states squared to build; bound the schema's sum.
+        pattern_states += g.patterns_.back().built_states();
+        if (pattern_states > kMaxPatternStates)
+          refuse(path + ".pattern", "the schema's patterns need more than " + std::to_string(kMaxPatternStates) + " states in all");
+      }
     } else if (type == "number" || type == "integer") {
       n.kind = type == "number" ? JsonGrammar::Number : JsonGrammar::Integer;
       if (NumberRange::in_schema(s)) {
@@ -390,18 +402,24 @@ JsonGrammarState& JsonGrammarState::operator=(const JsonGrammarState& o) {
   g_ = o.g_;
   std::memcpy(frames_.data(), o.frames_.data(), sizeof(Frame) * static_cast<size_t>(o.depth_));
   depth_ = o.depth_, containers_ = o.containers_, done_ = o.done_, spaces_ = o.spaces_;
-  lex_ = o.lex_, pair_ = o.pair_, left_ = o.left_, lo_ = o.lo_, hi_ = o.hi_, code_ = o.code_;
+  lex_ = o.lex_, pair_ = o.pair_, left_ = o.left_, lo_ = o.lo_, hi_ = o.hi_, code_ = o.code_, cp_ = o.cp_;
   if (lex_ >= Minus) std::memcpy(num_.data(), o.num_.data(), left_);  // a number is open
   return *this;
 }
 
-bool JsonGrammarState::in_string_text() const {
-  if (depth_ == 0 || lex_ != Text || pair_ != None) return false;
+JsonGrammarState::TextSpot JsonGrammarState::text_spot() const {
+  TextSpot t;
+  if (depth_ == 0 || lex_ != Text || pair_ != None) return t;
   const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
   const Node& n = g_->node(f.node);
-  // A string value (whose length is not bounded above), or a key where any key is allowed.
-  return (n.kind == JsonGrammar::String && n.max_len == UINT32_MAX) ||
-         (n.kind == JsonGrammar::Object && f.phase == OKey && n.additional >= 0);
+  if (n.kind == JsonGrammar::String) {  // a string value
+    t.text = true;
+    if (n.max_len != UINT32_MAX) t.room = n.max_len - f.count;
+    if (n.pattern >= 0) t.pattern = n.pattern, t.states = {f.cand, f.seen};
+  } else {  // or a key where any key is allowed
+    t.text = n.kind == JsonGrammar::Object && f.phase == OKey && n.additional >= 0;
+  }
+  return t;
 }
 
 bool JsonGrammarState::key_possible(const Frame& f) const {
@@ -428,6 +446,10 @@ bool JsonGrammarState::begin_value(int node, uint8_t b) {
     case JsonGrammar::String:
       if (b != '"') return false;
       lex_ = Text, pair_ = None;
+      if (n.pattern >= 0) {
+        const JsonPattern::Set s = g_->pattern(n.pattern).start();
+        f.cand = s[0], f.seen = s[1];
+      }
       break;
     case JsonGrammar::Number:
     case JsonGrammar::Integer:
@@ -498,7 +520,7 @@ bool JsonGrammarState::string_byte(uint8_t b, bool key) {
       }
       if (seen == 2 && code_ >= 0xDC && code_ <= 0xDF) return false;  // a low half alone
       if (left_ == 0) {
-        if (code_ >= 0xD800 && code_ <= 0xDBFF) pair_ = WantBackslash;
+        if (code_ >= 0xD800 && code_ <= 0xDBFF) pair_ = WantBackslash, cp_ = code_;
         lex_ = Text;
       }
       return true;
@@ -506,6 +528,7 @@ bool JsonGrammarState::string_byte(uint8_t b, bool key) {
     case Utf8:
       if (b < lo_ || b > hi_) return false;
       lo_ = 0x80, hi_ = 0xBF;
+      cp_ = cp_ << 6 | (b & 0x3Fu);
       if (--left_ == 0) lex_ = Text;
       return true;
     default: break;
@@ -535,8 +558,61 @@ bool JsonGrammarState::string_byte(uint8_t b, bool key) {
   else if (b == 0xF4) left_ = 3, hi_ = 0x8F;
   else if (b >= 0xF1 && b <= 0xF3) left_ = 3;
   else return false;
+  cp_ = b & (left_ == 1 ? 0x1Fu : left_ == 2 ? 0x0Fu : 0x07u);
   lex_ = Utf8;
   return true;
+}
+
+// A string byte taken by the lexer, against the string's pattern: a character it completes must
+// lead the pattern on (the states advance), and a character it begins must be able to: some code
+// point its bytes so far can still become must (the prefix property).
+bool JsonGrammarState::pattern_byte(const JsonPattern& p, Frame& f, uint8_t b, uint8_t lex_before, uint8_t pair_before) {
+  JsonPattern::Set s{f.cand, f.seen};
+  // Code points a \u escape can still write, given the hexadecimal range [lo, hi] of its value.
+  auto escaped = [&](uint32_t lo, uint32_t hi) {
+    if (lo < 0xD800 && p.any_in(s, lo, std::min<uint32_t>(hi, 0xD7FF))) return true;
+    if (hi >= 0xE000 && p.any_in(s, std::max<uint32_t>(lo, 0xE000), hi)) return true;
+    const uint32_t h0 = std::max<uint32_t>(lo, 0xD800), h1 = std::min<uint32_t>(hi, 0xDBFF);  // high halves: a pair
+    return h0 <= h1 && p.any_in(s, 0x10000 + ((h0 - 0xD800) << 10), 0x10000 + ((h1 - 0xD800) << 10) + 0x3FF);
+  };
+  auto pair_range = [&](uint32_t lo, uint32_t hi) {  // low halves [lo, hi] after the high half cp_
+    lo = std::max<uint32_t>(lo, 0xDC00), hi = std::min<uint32_t>(hi, 0xDFFF);
+    const uint32_t base = 0x10000 + ((cp_ - 0xD800) << 10) - 0xDC00;
+    return lo <= hi && p.any_in(s, base + lo, base + hi);
+  };
+  if (lex_ == Text && pair_ == None) {  // a character is complete
+    uint32_t cp = b;
+    if (lex_before == Esc) {
+      static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+      cp = static_cast<uint8_t>(to[std::strchr(from, b) - from]);
+    } else if (lex_before == Hex) {
+      cp = pair_before == InLow ? 0x10000 + ((cp_ - 0xD800) << 10) + (code_ - 0xDC00u) : code_;
+    } else if (lex_before == Utf8) {
+      cp = cp_;
+    }
+    if (!p.any_in(s, cp, cp)) return false;
+    s = p.step(s, cp);
+    f.cand = s[0], f.seen = s[1];
+    return true;
+  }
+  switch (lex_) {
+    case Esc: return pair_ == WantU ? pair_range(0xDC00, 0xDFFF) : escaped(0, 0xFFFF);
+    case Hex: {
+      const int bits = 4 * left_;
+      const uint32_t lo = static_cast<uint32_t>(code_) << bits, hi = lo | ((1u << bits) - 1);
+      return pair_ == InLow ? pair_range(lo, hi) : escaped(lo, hi);
+    }
+    case Utf8: {
+      uint32_t lo = cp_ << (6 * left_), hi = lo | ((1u << (6 * left_)) - 1);
+      if (lex_before == Text) {  // the lead byte: the shortest form's floor, no surrogates, at most U+10FFFF
+        lo = std::max<uint32_t>(lo, left_ == 1 ? 0x80 : left_ == 2 ? 0x800 : 0x10000);
+        if (b == 0xED) hi = 0xD7FF;
+        hi = std::min<uint32_t>(hi, 0x10FFFF);
+      }
+      return p.any_in(s, lo, hi);
+    }
+    default: return pair_range(0xDC00, 0xDFFF);  // Text, WantBackslash: a high half read, its low to come
+  }
 }
 
 // left_ counts the number's bytes: a byte that needs another after it ('.', 'e', a sign of the
@@ -588,11 +664,15 @@ JsonGrammarState::Step JsonGrammarState::step(uint8_t b, bool ws) {
       // A character starts at a byte of the text (not inside an escape or a UTF-8 sequence, not
       // the low half of an escaped pair); the closing quote comes only after min_len of them.
       const bool text = lex_ == Text && pair_ == None;
-      if (text && b == '"' && f.count < n.min_len) return Step::Refused;
-      const bool starts = text && b != '"';
+      const bool closes = text && b == '"';
+      if (closes && (f.count < n.min_len || (n.pattern >= 0 && !g_->pattern(n.pattern).accepts({f.cand, f.seen}))))
+        return Step::Refused;
+      const bool starts = text && !closes;
       if (starts && f.count >= n.max_len) return Step::Refused;
+      const uint8_t lex_before = lex_, pair_before = pair_;
       if (!string_byte(b, false)) return Step::Refused;
       if (starts) ++f.count;
+      if (n.pattern >= 0 && !closes && !pattern_byte(g_->pattern(n.pattern), f, b, lex_before, pair_before)) return Step::Refused;
       return Step::Taken;
     }
     case JsonGrammar::Number:

@@ -22,7 +22,7 @@
 //   properties;
 // - arrays: items (one schema), minItems, maxItems;
 // - strings: minLength, maxLength (in characters: code points, an escape counting as the one it
-//   writes);
+//   writes), pattern (text/json_pattern.h: a subset of ECMA-262, run on the characters);
 // - integers are written without fraction or exponent;
 // - numbers and integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (also draft 4's
 //   boolean form), compared as exact decimals (text/json_number_range.h); a bounded number is
@@ -49,6 +49,7 @@
 
 #include "core/error.h"
 #include "text/json_number_range.h"
+#include "text/json_pattern.h"
 
 namespace dsv4 {
 
@@ -78,8 +79,9 @@ class JsonGrammar {
     // Array
     int items = -1;
     uint32_t min_items = 0, max_items = UINT32_MAX;
-    // String: bounds on the length in characters.
+    // String: bounds on the length in characters; the pattern (pattern()), -1: none.
     uint32_t min_len = 0, max_len = UINT32_MAX;
+    int pattern = -1;
     // Number, Integer: the bounds (range()), -1: none.
     int range = -1;
     // Enum: each value's JSON text; numeric ones end only at the byte after them.
@@ -91,6 +93,7 @@ class JsonGrammar {
   };
   const Node& node(int i) const { return nodes_[static_cast<size_t>(i)]; }
   const NumberRange& range(int i) const { return ranges_[static_cast<size_t>(i)]; }
+  const JsonPattern& pattern(int i) const { return patterns_[static_cast<size_t>(i)]; }
   int root() const { return root_; }
   // Whether a value of node n can start with byte b.
   bool starts(int n, uint8_t b) const;
@@ -99,6 +102,7 @@ class JsonGrammar {
   friend struct GrammarCompiler;
   std::vector<Node> nodes_;
   std::vector<NumberRange> ranges_;
+  std::vector<JsonPattern> patterns_;
   std::vector<std::array<uint64_t, 4>> first_;  // per node: the bytes a value can start with
   int root_ = -1;
 };
@@ -126,9 +130,17 @@ class JsonGrammarState {
   // The top-level object is closed: the text is complete.
   bool complete() const { return done_; }
   // Inside a free string's text: a string value, or a key where any key is allowed (not an enum
-  // value). There any whole characters but '"', '\\' and controls can come next (the mask's fast
-  // path; what they leave behind, e.g. the declared keys a key may still become, is push()'s).
-  bool in_string_text() const;
+  // value). There whole characters but '"', '\\' and controls can come next, as far as the
+  // string's length bound (room, in characters) and pattern allow (the mask's fast path; what
+  // they leave behind, e.g. the declared keys a key may still become, is push()'s).
+  struct TextSpot {
+    bool text = false;
+    uint32_t room = UINT32_MAX;
+    int pattern = -1;  // JsonGrammar::pattern(), at states `states`
+    JsonPattern::Set states{};
+  };
+  TextSpot text_spot() const;
+  bool in_string_text() const { return text_spot().text; }
 
  private:
   // Per open value: an object, an array, or the scalar being read.
@@ -138,14 +150,15 @@ class JsonGrammarState {
     int16_t prop;    // object: the property whose key / value is read (-1: another key)
     uint16_t pos;    // object key / enum: bytes matched
     uint32_t count;  // array: values so far; string: characters so far
-    uint64_t seen;   // object: properties given
-    uint64_t cand;   // object key / enum: candidates still matching
+    uint64_t seen;   // object: properties given; string: the pattern's states (high word)
+    uint64_t cand;   // object key / enum: candidates still matching; string: the pattern's states (low word)
   };
   enum class Step { Refused, Taken, Again };  // Again: a number ended; the byte is the parent's
   Step step(uint8_t b, bool ws);
   bool begin_value(int node, uint8_t b);
   void end_value();
   bool string_byte(uint8_t b, bool key);
+  bool pattern_byte(const JsonPattern& p, Frame& f, uint8_t b, uint8_t lex_before, uint8_t pair_before);
   bool key_possible(const Frame& f) const;
   bool number_byte(uint8_t b, const JsonGrammar::Node& n, bool& ended);
 
@@ -158,6 +171,7 @@ class JsonGrammarState {
   // The lexer of the innermost string or number.
   uint8_t lex_ = 0, pair_ = 0, left_ = 0, lo_ = 0, hi_ = 0;
   uint16_t code_ = 0;
+  uint32_t cp_ = 0;  // the UTF-8 character being read (its bits so far); a \u pair's high half
   // The number being read (left_ bytes): bounds are decided on its text.
   std::array<char, kMaxNumber> num_;
 };

@@ -55,7 +55,7 @@ test('every bad input of issue 13 item 9 gets its status and a message naming it
     [JSON.stringify({ ...ok, top_logprobs: 3 }), 400, /top_logprobs/],
     [JSON.stringify({ ...ok, stop: [1] }), 400, /stop/],
     [JSON.stringify({ ...ok, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object',
-      properties: { when: { type: 'string', pattern: '^[0-9]+$' } } } } } }), 400, /properties\.when\.pattern.*not enforced/],
+      properties: { when: { type: 'string', format: 'date', minProperties: 1 } } } } } }), 400, /properties\.when\.minProperties.*not enforced/],
     [JSON.stringify({ ...ok, tool_choice: 'required' }), 400, /tool_choice/],
     [JSON.stringify({ ...ok, messages: [{ role: 'user', content: 'word '.repeat(5000) }] }), 400, /context/],
     [JSON.stringify({ ...ok, messages: [{ role: 'user', content: [{ type: 'image_url', image_url: {} }] }] }), 400, /text parts/],

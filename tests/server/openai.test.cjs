@@ -189,14 +189,16 @@ test('response_format json_object: every answer is one JSON object, streamed or 
 
 test('response_format json_schema: the answer is an instance of the schema', async () => {
   const schema = { type: 'object', properties: { city: { type: 'string', maxLength: 12 },
-    days: { type: 'integer', minimum: 1, maximum: 14 }, unit: { enum: ['C', 'F'] } },
-  required: ['city', 'days', 'unit'], additionalProperties: false };
+    days: { type: 'integer', minimum: 1, maximum: 14 }, unit: { enum: ['C', 'F'] },
+    station: { type: 'string', pattern: '^[A-Z]{3}-\\d$' } },
+  required: ['city', 'days', 'unit', 'station'], additionalProperties: false };
   const req = chat('Weather as JSON', { response_format: { type: 'json_schema', json_schema: { name: 'weather', schema } },
     logit_bias: closing, max_tokens: 120, temperature: 0, thinking: { type: 'disabled' } });
   const a = await client.chat.completions.create(req);
   assert.strictEqual(a.choices[0].finish_reason, 'stop', JSON.stringify(a.choices[0]));
   const v = JSON.parse(a.choices[0].message.content);
-  assert.deepStrictEqual(Object.keys(v).sort(), ['city', 'days', 'unit']);
+  assert.deepStrictEqual(Object.keys(v).sort(), ['city', 'days', 'station', 'unit']);
+  assert.match(v.station, /^[A-Z]{3}-\d$/);
   assert.strictEqual(typeof v.city, 'string');
   assert.ok([...v.city].length <= 12, JSON.stringify(v));
   assert.ok(Number.isInteger(v.days) && v.days >= 1 && v.days <= 14, JSON.stringify(v));
