@@ -1,7 +1,8 @@
 // What the JSON mask (engine/json_constraint.h) costs per pick, over the real tokenizer's
 // vocabulary, at states of an answer: before the object, between tokens, inside a key and a
 // string value (the plain-text fast path), while reasoning, and inside a schema's bounded values
-// (strings with a maxLength or a pattern, which have no fast path; a number with bounds). Not a
+// (strings with a maxLength or a pattern, which have no fast path; a number with bounds), and
+// before the object where a tool-call block may come instead (every token tested). Not a
 // test; docs/perf.md "Session 31" and "Session 32" have its figures.
 // Usage: json_mask_bench TOKENIZER_DIR [REPEATS]
 #include <chrono>
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
     const char* text;
     bool reasoning;
     const char* schema = nullptr;  // none: any object
+    bool tools = false;            // the answer may be a tool-call block instead
   };
   const char* bounded = R"({"type":"object","properties":{"s":{"type":"string","maxLength":100},
       "t":{"type":"string","pattern":"b|-"},"d":{"type":"string","pattern":"^\\d{4}-\\d{2}-\\d{2}$"},
@@ -44,12 +46,13 @@ int main(int argc, char** argv) {
       {"pattern b|-", "{\"t\": \"abc", false, bounded},
       {"pattern date", "{\"d\": \"20", false, bounded},
       {"bounded integer", "{\"n\": 12", false, bounded},
+      {"beside tools", " ", false, nullptr, true},
   };
   std::vector<float> logits(static_cast<size_t>(vocab->size()));
   for (const State& s : states) {
     dsv4::JsonConstraint c(vocab, s.schema ? dsv4::JsonGrammar::compile(nlohmann::ordered_json::parse(s.schema), "schema")
                                            : dsv4::JsonGrammar::any_object(),
-                           s.reasoning);
+                           s.reasoning, s.tools);
     for (int32_t id : tok.encode(s.text)) c.push(id);
     int64_t left = 0;
     const auto t0 = std::chrono::steady_clock::now();

@@ -125,10 +125,10 @@ TEST(CliText, GenerateJsonAnswers) {
   EXPECT_EQ(o.out.find_first_not_of(" \t\r\n"), o.out.find('{')) << o.out;
   EXPECT_NE(o.out.find('{'), std::string::npos) << o.out;
   // Errors name the file and the keyword; --draft is refused with a JSON answer.
-  std::ofstream(model + "/bad.json") << R"({"type":"object","properties":{"n":{"type":"integer","minimum":0}}})";
+  std::ofstream(model + "/bad.json") << R"({"type":"object","properties":{"n":{"type":"integer","multipleOf":2}}})";
   Out bad = run("generate --model " + model + " --prompt x --json-schema " + model + "/bad.json");
   EXPECT_EQ(bad.status, 1);
-  EXPECT_NE(bad.err.find("bad.json: schema.properties.n.minimum"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("bad.json: schema.properties.n.multipleOf"), std::string::npos) << bad.err;
   EXPECT_EQ(run("generate --model " + model + " --prompt x --json-object --draft 1").status, 2);
   EXPECT_EQ(run("generate --model " + model + " --prompt x --json-object --json-schema " + model + "/unit.json").status, 2);
   EXPECT_EQ(run("generate --model " + model + " --prompt x --json-schema " + model + "/missing.json").status, 1);

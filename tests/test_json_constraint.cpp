@@ -302,3 +302,48 @@ TEST(JsonConstraint, ReasoningCannotEndTheAnswer) {
   EXPECT_THROW(t.push(tokenizer().encode("x").at(0)), Error);  // the object starts now
   t.push(tokenizer().encode("{").at(0));
 }
+
+// With tools, the answer may be a tool-call block instead of the object: its opening (markup
+// tokens included) fits where only whitespace came before, and after it nothing is masked.
+TEST(JsonConstraint, AToolCallBlockInsteadOfTheObject) {
+  const Tokenizer& tok = tokenizer();
+  const int64_t V = vocab()->size();
+  const std::string opening = kToolCallsOpenText;
+  for (const std::string& lead : {std::string(""), std::string(" "), std::string("\n\n"), opening.substr(0, 3), opening.substr(0, opening.size() - 2)}) {
+    JsonConstraint c(vocab(), JsonGrammar::any_object(), false, true);
+    for (int32_t id : tok.encode(lead)) c.push(id);
+    dsv4::testing::expect_mask_is_allows(c, V, "lead '" + lead + "'");
+    EXPECT_FALSE(c.tool_call());
+  }
+  const int32_t dsml = *tok.find_token("｜DSML｜"), user = *tok.find_token("<｜User｜>");
+  JsonConstraint c(vocab(), JsonGrammar::any_object(), false, true);
+  for (int32_t id : tok.encode("\n\n<")) c.push(id);
+  EXPECT_TRUE(c.allows(dsml));
+  EXPECT_FALSE(c.allows(user));
+  EXPECT_FALSE(c.allows(tok.encode("{").at(0)));  // "<" left the object behind
+  for (int32_t id : tok.encode(opening.substr(3))) c.push(id);
+  ASSERT_TRUE(c.tool_call());
+  std::vector<float> logits(static_cast<size_t>(V), 0.0f);
+  EXPECT_EQ(c.mask(logits.data()), V);
+  EXPECT_TRUE(c.allows(kEos) && c.allows(user));
+  c.push(user);
+  // Once the object has begun, or without tools, the block cannot open.
+  JsonConstraint d(vocab(), JsonGrammar::any_object(), false, true);
+  for (int32_t id : tok.encode("{\n\n")) d.push(id);
+  EXPECT_FALSE(d.allows(tok.encode("<").at(0)));
+  JsonConstraint e(vocab(), JsonGrammar::any_object(), false, false);
+  for (int32_t id : tok.encode("\n\n")) e.push(id);
+  EXPECT_FALSE(e.allows(tok.encode("<").at(0)));
+  // After the reasoning; the reasoning itself still cannot open a block.
+  JsonConstraint t(vocab(), JsonGrammar::any_object(), true, true);
+  for (int32_t id : tok.encode("Call it.</think>" + opening)) t.push(id);
+  EXPECT_TRUE(t.tool_call());
+  JsonConstraint r(vocab(), JsonGrammar::any_object(), true, true);
+  for (int32_t id : tok.encode("Hmm\n\n<")) r.push(id);
+  EXPECT_FALSE(r.allows(dsml));
+  // The object is still whole: a plain answer with tools reads back as before.
+  JsonConstraint o(vocab(), JsonGrammar::any_object(), false, true);
+  for (int32_t id : tok.encode(" \n{\"a\": 1}")) o.push(id);
+  EXPECT_TRUE(o.complete());
+  EXPECT_EQ(o.mask(logits.data()), 1);
+}

@@ -57,6 +57,15 @@ bool in_limits(const ojson& v, const ojson& s) {
   return true;
 }
 
+// An array's schema for its value i: prefixItems / items as a list by position, then items /
+// additionalItems.
+ojson item_schema(const ojson& s, size_t i) {
+  const bool list = s.contains("items") && s["items"].is_array();
+  const ojson prefix = s.contains("prefixItems") ? s["prefixItems"] : list ? s["items"] : ojson::array();
+  if (i < prefix.size()) return prefix[i];
+  return s.value(list ? "additionalItems" : "items", ojson(true));
+}
+
 // The subset's meaning, as JSON Schema says, on a parsed value.
 bool valid(const ojson& v, const ojson& schema, const ojson& root) {
   const ojson& s = resolve(schema, root);
@@ -81,7 +90,7 @@ bool valid(const ojson& v, const ojson& schema, const ojson& root) {
       for (const auto& t : s["type"]) types.push_back(t);
   } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
     types.push_back("object");
-  } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+  } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
     types.push_back("array");
   } else {
     return true;
@@ -97,7 +106,7 @@ bool valid(const ojson& v, const ojson& schema, const ojson& root) {
       if (s.contains("minItems") && v.size() < s["minItems"].get<size_t>()) continue;
       if (s.contains("maxItems") && v.size() > s["maxItems"].get<size_t>()) continue;
       bool ok = true;
-      for (const auto& x : v) ok = ok && valid(x, s.value("items", ojson(true)), root);
+      for (size_t i = 0; i < v.size(); ++i) ok = ok && valid(v[i], item_schema(s, i), root);
       if (ok) return true;
     }
     if (t == "object" && v.is_object()) {
@@ -153,10 +162,13 @@ struct Instances {
     if (t == "boolean") return g() % 2 ? "true" : "false";
     if (t == "null") return "null";
     if (t == "array") {
-      const size_t lo = s.value("minItems", 0), hi = std::min<size_t>(s.value("maxItems", lo + 3), lo + 3);
+      const size_t lo = s.value("minItems", 0);
+      size_t hi = std::min<size_t>(s.value("maxItems", lo + 3), lo + 3);
+      for (size_t i = 0; i < hi; ++i)  // nothing allowed past some place
+        if (item_schema(s, i) == ojson(false)) hi = i;
       const size_t n = depth > 4 ? lo : lo + g() % (hi - lo + 1);
       std::string out = "[" + ws();
-      for (size_t i = 0; i < n; ++i) out += (i ? "," + ws() : "") + text(s.value("items", ojson(true)), depth + 1) + ws();
+      for (size_t i = 0; i < n; ++i) out += (i ? "," + ws() : "") + text(item_schema(s, i), depth + 1) + ws();
       return out + "]";
     }
     // object: the required properties and some others, in a random order
@@ -226,6 +238,9 @@ const std::vector<std::string> kSchemas = {
         "exclusiveMaximum":100},"x":{"type":["number","null"],"exclusiveMinimum":0,"maximum":2.5},"s":{"type":"string","maxLength":0},
         "y":{"type":"number","minimum":-4.75,"maximum":-4.75},"m":{"type":"string","pattern":"^\\d{4}-(0[1-9]|1[0-2])$"},
         "t":{"type":"string","pattern":"0|:"}},"required":["code","n"],"additionalProperties":false})",
+    R"({"type":"object","properties":{"pt":{"type":"array","prefixItems":[{"type":"number"},{"enum":["a","b"]}],"items":false,
+        "minItems":1},"old":{"type":"array","items":[{"type":"integer"},{"type":"null"}],"additionalItems":{"type":"boolean"}},
+        "rest":{"prefixItems":[{"const":0}],"items":{"type":"string"},"maxItems":3}},"additionalProperties":false})",
 };
 
 }  // namespace
@@ -251,7 +266,9 @@ TEST(JsonSchema, RefusesWhatItCannotEnforceNamingTheKeyword) {
       {R"({"type":"object","properties":{"x":{"anyOf":[{"type":"string"},{"enum":["a"]}]}}})", "s.properties.x.anyOf"},
       {R"({"type":"object","properties":{"x":{"type":["integer","number"]}}})", "s.properties.x.type"},
       {R"({"type":"object","properties":{"x":{"enum":[{"a":1}]}}})", "s.properties.x.enum[0]"},
-      {R"({"type":"object","properties":{"x":{"type":"array","items":[{}]}}})", "s.properties.x.items"},
+      {R"({"type":"object","properties":{"x":{"type":"array","items":[{}],"prefixItems":[{}]}}})", "s.properties.x.items"},
+      {R"({"type":"object","properties":{"x":{"type":"array","prefixItems":[{}],"items":false,"minItems":2}}})", "s.properties.x.minItems"},
+      {R"({"type":"object","properties":{"x":{"type":"array","prefixItems":{}}}})", "s.properties.x.prefixItems"},
       {R"({"type":"object","properties":{"x":{"type":"array","minItems":3,"maxItems":2}}})", "s.properties.x.minItems"},
       {R"({"type":"object","properties":{"x":{"$ref":"#/$defs/missing"}}})", "s.properties.x.$ref"},
       {R"({"type":"object","properties":{"x":{"$ref":"http://example.com/s"}}})", "s.properties.x.$ref"},

@@ -113,7 +113,6 @@ TEST_F(ServerRequest, ChatBadFieldsName) {
       {R"("response_format":{"type":"xml"})", "response_format.type"},
       {R"("response_format":{"type":1})", "response_format.type"},
       {R"("response_format":[])", "response_format"},
-      {"\"tools\":[" + kTool + R"(],"response_format":{"type":"json_object"})", "response_format"},
       {R"("logit_bias":[1])", "logit_bias"},
       {R"("logit_bias":{"abc":1})", "logit_bias"},
       {R"("logit_bias":{"-1":1})", "logit_bias"},
@@ -200,8 +199,6 @@ TEST_F(ServerRequest, AnthropicBadFieldsName) {
       {anthropic_body(R"("output_config":{"format":{"type":"json_schema"}})"), "output_config.format.schema"},
       {anthropic_body(R"("output_format":{"type":"json_schema","schema":{"type":"object","minProperties":1}})"),
        "output_format.schema.minProperties"},
-      {anthropic_body("\"tools\":[" + kAnthropicTool + R"(],"output_format":{"type":"json_schema","schema":{"type":"object"}})"),
-       "output_format"},
       {anthropic_body(R"("tool_choice":"auto")"), "tool_choice"},
       {anthropic_body(R"("tool_choice":{"type":"sometimes"})"), "tool_choice.type"},
       {anthropic_body(R"("tool_choice":{"type":"any"})"), "tool_choice"},  // no tools
@@ -297,9 +294,23 @@ TEST_F(ServerRequest, ResponseFormatJsonObject) {
       parse(Api::OpenAiChat, chat_body(R"("response_format":{"type":"json_object"},"thinking":{"type":"disabled"})"));
   EXPECT_TRUE(chat.gen.json);
   EXPECT_FALSE(chat.gen.reasoning_first);
-  // tool_choice none leaves the tools out, so JSON fits.
-  EXPECT_TRUE(parse(Api::OpenAiChat, chat_body("\"tools\":[" + kTool + R"(],"tool_choice":"none","response_format":{"type":"json_object"})"))
-                  .gen.json);
+  // tool_choice none leaves the tools out: the answer is the object.
+  const ParsedRequest none =
+      parse(Api::OpenAiChat, chat_body("\"tools\":[" + kTool + R"(],"tool_choice":"none","response_format":{"type":"json_object"})"));
+  EXPECT_TRUE(none.gen.json);
+  EXPECT_FALSE(none.gen.json_or_tool_call);
+  // Beside tools the answer is the object or a tool call; a forced call is the answer, and the
+  // format is for a later one.
+  const ParsedRequest both = parse(Api::OpenAiChat, chat_body("\"tools\":[" + kTool + R"(],"response_format":{"type":"json_object"})"));
+  EXPECT_TRUE(both.gen.json);
+  EXPECT_TRUE(both.gen.json_or_tool_call);
+  const ParsedRequest forced = parse(Api::OpenAiChat, chat_body("\"tools\":[" + kTool +
+                                                                R"(],"tool_choice":"required","thinking":{"type":"disabled"},"response_format":{"type":"json_object"})"));
+  EXPECT_FALSE(forced.gen.json);
+  const ParsedRequest anthropic = parse(
+      Api::Anthropic, anthropic_body("\"tools\":[" + kAnthropicTool + R"(],"output_format":{"type":"json_schema","schema":{"type":"object"}})"));
+  EXPECT_TRUE(anthropic.gen.json);
+  EXPECT_TRUE(anthropic.gen.json_or_tool_call);
 }
 
 TEST_F(ServerRequest, ResponseFormatJsonSchema) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string_view>
 
 #include "core/error.h"
@@ -86,8 +87,7 @@ JsonVocab::JsonVocab(const Tokenizer& tok, int64_t vocab, int32_t eos)
     }
     if (b.empty() || i == eos) continue;
     if (i == think_end_) kind_[id] = ThinkEnd;
-    else if (tok.is_added(i)) continue;  // chat markup
-    else kind_[id] = Plain;
+    else if (!tok.is_added(i)) kind_[id] = Plain;  // (chat markup stays Never; its bytes are kept for the tool-call opening)
     for (int k = 0; k < kMarkers; ++k)
       if (b.find(marker(k).back()) != std::string::npos) marker_end_[id] |= static_cast<uint8_t>(1 << k);
     if (kind_[id] == Plain) by_first_[static_cast<uint8_t>(b[0])].push_back(i);
@@ -104,8 +104,47 @@ JsonVocab::JsonVocab(const Tokenizer& tok, int64_t vocab, int32_t eos)
 }
 
 JsonConstraint::JsonConstraint(std::shared_ptr<const JsonVocab> vocab, std::shared_ptr<const JsonGrammar> grammar,
-                               bool reasoning_first)
-    : vocab_(std::move(vocab)), grammar_(std::move(grammar)), reasoning_(reasoning_first), json_(grammar_.get()) {}
+                               bool reasoning_first, bool tool_calls)
+    : vocab_(std::move(vocab)), grammar_(std::move(grammar)), reasoning_(reasoning_first), tools_(tool_calls),
+      opener_ok_(tool_calls), json_(grammar_.get()) {}
+
+namespace {
+
+// Whether t is whitespace (at most kMaxSpaces bytes) and then the tool-call block's opening text:
+// 2 when the opening is whole, 1 when t ends inside it (or before it), 0 when t is neither.
+int opener_fits(std::string_view t) {
+  const std::string_view o = kToolCallsOpenText;
+  for (size_t p = 0; p <= t.size() && p <= static_cast<size_t>(JsonGrammarState::kMaxSpaces); ++p) {
+    const size_t m = std::min(t.size() - p, o.size());
+    if (t.compare(p, m, o, 0, m) == 0) return t.size() - p >= o.size() ? 2 : 1;
+    if (p == t.size() || (t[p] != ' ' && t[p] != '\t' && t[p] != '\n' && t[p] != '\r')) break;
+  }
+  return 0;
+}
+
+}  // namespace
+
+bool JsonConstraint::answer_allows(std::string_view bytes) const {
+  if (free_) return true;
+  if (undecided() && opener_fits(lead_ + std::string(bytes)) > 0) return true;
+  if (!json_ok_) return false;
+  JsonGrammarState j = json_;
+  return j.push(bytes);
+}
+
+void JsonConstraint::answer_push(std::string_view bytes) {
+  if (free_) return;
+  if (undecided()) {
+    lead_ += bytes;
+    const int o = opener_fits(lead_);
+    if (o == 2) {
+      free_ = true;
+      return;
+    }
+    opener_ok_ = o == 1;
+  }
+  if (json_ok_) json_ok_ = json_.push(bytes);
+}
 
 bool JsonConstraint::reasoning_allows(const std::string& bytes, size_t& json_from) const {
   json_from = std::string::npos;
@@ -115,8 +154,7 @@ bool JsonConstraint::reasoning_allows(const std::string& bytes, size_t& json_fro
   if (k != 0) return false;  // the end-of-sentence text or a tool-call block: the answer would end
   json_from = past;
   const std::string_view rest = std::string_view(bytes).substr(past);
-  JsonGrammarState j(grammar_.get());
-  return j.push(rest) && rest.find(kEosText) == std::string_view::npos;
+  return answer_allows(rest) && rest.find(kEosText) == std::string_view::npos;  // (the answer has not begun)
 }
 
 int32_t JsonConstraint::PatternDfa::id(const JsonPattern::Set& s) {
@@ -163,7 +201,8 @@ JsonConstraint::PatternDfa& JsonConstraint::dfa(int pattern) const {
 bool JsonConstraint::allows(int32_t id) const {
   const JsonVocab& v = *vocab_;
   if (id < 0 || id >= v.size()) return false;
-  if (!reasoning_ && json_.complete()) return id == v.eos_;
+  if (free_) return true;
+  if (!reasoning_ && complete()) return id == v.eos_;
   const uint8_t kind = v.kind_[static_cast<size_t>(id)];
   const std::string& b = v.bytes_[static_cast<size_t>(id)];
   const uint8_t ends = v.marker_end_[static_cast<size_t>(id)];
@@ -172,7 +211,9 @@ bool JsonConstraint::allows(int32_t id) const {
     size_t from;
     return ends == 0 || reasoning_allows(b, from);
   }
-  if (kind != JsonVocab::Plain) return false;
+  if (id == v.eos_ || b.empty()) return false;
+  if (undecided() && opener_fits(lead_ + b) > 0) return true;  // the tool-call block's opening, markup included
+  if (kind != JsonVocab::Plain || !json_ok_) return false;
   JsonGrammarState j = json_;
   if (!j.push(b)) return false;
   size_t past;
@@ -185,7 +226,8 @@ int64_t JsonConstraint::mask(float* logits) const {
   const JsonVocab& v = *vocab_;
   const int64_t V = v.size();
   int64_t left = 0;
-  if (reasoning_ || json_.complete()) {
+  if (free_) return V;  // a tool-call block: free text
+  if (reasoning_ || complete() || undecided()) {
     for (int64_t id = 0; id < V; ++id) {
       if (allows(static_cast<int32_t>(id))) ++left;
       else logits[id] = -INFINITY;
@@ -240,10 +282,10 @@ void JsonConstraint::push(int32_t id) {
     reasoning_allows(b, from);
     if (from != std::string::npos) {
       reasoning_ = false;
-      json_.push(std::string_view(b).substr(from));
+      answer_push(std::string_view(b).substr(from));
     }
   } else {
-    json_.push(b);
+    answer_push(b);
   }
   static const size_t keep = longest_marker() - 1;
   tail_ += b;

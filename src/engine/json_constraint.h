@@ -13,6 +13,11 @@
 // followed, within itself, by a JSON prefix. Added tokens (chat markup: "<｜User｜>", "｜DSML｜",
 // ...) are masked everywhere, except the "</think>" token while reasoning: the answer's text then
 // reads back exactly as the object the constraint checked.
+//
+// With tools (`tool_calls`), the answer after the reasoning may instead be a tool-call block: its
+// opening text (kToolCallsOpenText, after whitespace) is allowed where the object has not begun,
+// markup tokens included, and once it is written nothing more is masked (the block is the
+// completion parser's, text/completion_stream.h). The reasoning still may not open a block.
 #include <array>
 #include <cstdint>
 #include <map>
@@ -54,8 +59,10 @@ class JsonVocab {
 
 class JsonConstraint {
  public:
-  // `reasoning_first`: the answer starts with reasoning (thinking mode).
-  JsonConstraint(std::shared_ptr<const JsonVocab> vocab, std::shared_ptr<const JsonGrammar> grammar, bool reasoning_first);
+  // `reasoning_first`: the answer starts with reasoning (thinking mode); `tool_calls`: it may be a
+  // tool-call block instead of the object.
+  JsonConstraint(std::shared_ptr<const JsonVocab> vocab, std::shared_ptr<const JsonGrammar> grammar, bool reasoning_first,
+                 bool tool_calls = false);
   // Masks logits[0, vocab size) in place; returns how many tokens are left (at least one).
   int64_t mask(float* logits) const;
   // The token picked (one mask() allowed). Throws dsv4::Error for a token it did not allow.
@@ -63,12 +70,20 @@ class JsonConstraint {
   // Whether token `id` may come next (what mask() leaves).
   bool allows(int32_t id) const;
   bool reasoning() const { return reasoning_; }
-  bool complete() const { return json_.complete(); }
+  bool complete() const { return json_ok_ && json_.complete(); }
+  // A tool-call block was opened: nothing is masked any more.
+  bool tool_call() const { return free_; }
 
  private:
   // While reasoning: where "</think>" ends in tail_ + bytes (npos: it does not), or a forbidden
   // marker found (returns false).
   bool reasoning_allows(const std::string& bytes, size_t& json_from) const;
+  // The answer after the reasoning: bytes can come next (the object's, or the tool-call block's
+  // opening), and taking them.
+  bool answer_allows(std::string_view bytes) const;
+  void answer_push(std::string_view bytes);
+  // Undecided between the object and a tool-call block (only whitespace written).
+  bool undecided() const { return tools_ && opener_ok_ && !free_; }
 
   // A string pattern's NFA state sets met so far, numbered, with their successors on ASCII
   // characters filled in as they are met (a lazy DFA): the mask walks each token of text through
@@ -91,6 +106,11 @@ class JsonConstraint {
   std::shared_ptr<const JsonVocab> vocab_;
   std::shared_ptr<const JsonGrammar> grammar_;
   bool reasoning_;
+  bool tools_;
+  bool json_ok_ = true;    // the object is still possible
+  bool opener_ok_;         // a tool-call block is still possible (tools_, lead_ its beginning)
+  bool free_ = false;      // the block was opened
+  std::string lead_;       // the answer so far while a block is possible: whitespace, then its opening
   JsonGrammarState json_;
   std::string tail_;  // the answer's last bytes, as long as the longest marker less one
 };

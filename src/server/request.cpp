@@ -337,11 +337,13 @@ void read_openai_common(const Fields& f, ParsedRequest& r, const RequestLimits& 
   if (r.gen.n > lim.max_n) bad_request("n", "must be at most " + std::to_string(lim.max_n) + ", got " + std::to_string(r.gen.n));
 }
 
-// A JSON answer (r.gen.json) is one object, which leaves no place for a tool call.
-void refuse_json_with_tools(const ParsedRequest& r, const std::string& where) {
-  if (r.gen.json && !r.tools.empty())
-    bad_request(where, "a JSON answer cannot be combined with tools: it is one JSON object, which leaves no place "
-                       "for a tool call (leave out tools, or send tool_choice none)");
+// A JSON answer beside tools: the answer is then the object or a tool-call block
+// (engine/json_constraint.h). When a call is forced (tool_choice required or a named one), the
+// answer is that call, so the format is for a later answer, not this one.
+void json_beside_tools(ParsedRequest& r, bool call_forced) {
+  if (!r.gen.json || r.tools.empty()) return;
+  if (call_forced) r.gen.json = nullptr;
+  else r.gen.json_or_tool_call = true;
 }
 
 // response_format: text, json_object (any JSON object, as DeepSeek's API offers) or json_schema
@@ -443,7 +445,7 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
       bad_request("tool_choice", "a required tool call cannot be forced in thinking mode; disable thinking "
                                  "(thinking: {type: disabled}) or use tool_choice auto");
   }
-  refuse_json_with_tools(r, "response_format");
+  json_beside_tools(r, forced_any);
   const ojson* msgs = f.get("messages");
   if (!msgs) bad_request("messages", "is required");
   const ojson rendered = chat_messages(*msgs, r.tools, store, schema);
@@ -583,7 +585,7 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, 
       bad_request(e.path, e.why);
     }
     schema = *sc;
-    refuse_json_with_tools(r, where);
+    json_beside_tools(r, forced_any);
   }
   ojson msgs = ojson::array();
   if (const ojson* sys = f.get("system")) msgs.push_back({{"role", "system"}, {"content", content_text(*sys, "system")}});

@@ -60,7 +60,7 @@ struct Scheduler::Choice {
       : index(i), seq(std::move(s)), sampler(seeded(p.sampling, i)), dec(tok), filter(p.stop, [this](std::string_view t) {
           released += t;
         }) {
-    if (json_vocab) json.emplace(std::move(json_vocab), p.json, p.reasoning_first);
+    if (json_vocab) json.emplace(std::move(json_vocab), p.json, p.reasoning_first, p.json_or_tool_call);
   }
   static SamplingParams seeded(SamplingParams sp, int i) {
     sp.seed += static_cast<uint64_t>(i);

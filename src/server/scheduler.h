@@ -63,6 +63,7 @@ struct GenParams {
   // after its reasoning when it starts with one (engine/json_constraint.h); null: free text.
   // Such choices pick on the host and never draft.
   std::shared_ptr<const JsonGrammar> json;
+  bool json_or_tool_call = false;         // with tools: the answer may be a tool-call block instead
   bool reasoning_first = false;           // the answer starts with reasoning (thinking mode)
 };
 

@@ -1,5 +1,6 @@
 #include "text/json_grammar.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -22,7 +23,8 @@ const std::set<std::string> kAnnotations = {"title",    "description", "default"
                                             "readOnly", "writeOnly",   "format",          "contentEncoding",
                                             "contentMediaType"};
 const std::set<std::string> kKeywords = {"type",      "properties", "required",         "additionalProperties",
-                                         "items",     "minItems",   "maxItems",         "minLength",
+                                         "items",     "prefixItems", "additionalItems",  "minItems",   "maxItems",
+                                         "minLength",
                                          "maxLength", "pattern",    "minimum",          "maximum",
                                          "exclusiveMinimum",
                                          "exclusiveMaximum",        "enum",             "const",
@@ -98,7 +100,8 @@ struct GrammarCompiler {
       if (kAnnotations.count(k)) continue;
       if (!kKeywords.count(k))
         refuse(path + "." + k, "is not enforced by this server (it enforces type, properties, required, "
-                               "additionalProperties, items, minItems, maxItems, minLength, maxLength, pattern, minimum, maximum, "
+                               "additionalProperties, items, prefixItems, additionalItems, minItems, maxItems, minLength, maxLength, pattern, minimum, "
+                               "maximum, "
                                "exclusiveMinimum, exclusiveMaximum, enum, const, anyOf, oneOf, allOf of one and $ref)");
       if (k != "$defs" && k != "definitions") constraints.push_back(k);
     }
@@ -155,7 +158,7 @@ struct GrammarCompiler {
       for (const std::string& k : constraints)
         if (kTypeKeywords.count(k)) refuse(path + "." + k, "is supported only beside a type (string, number or integer)");
       if (has(s, "properties") || has(s, "required") || has(s, "additionalProperties")) return typed(s, "object", path);
-      if (has(s, "items") || has(s, "minItems") || has(s, "maxItems")) return typed(s, "array", path);
+      if (has(s, "items") || has(s, "prefixItems") || has(s, "minItems") || has(s, "maxItems")) return typed(s, "array", path);
       return any_node();
     }
     const ojson& t = s["type"];
@@ -213,11 +216,25 @@ struct GrammarCompiler {
       }
     } else if (type == "array") {
       n.kind = JsonGrammar::Array;
-      if (has(s, "items") && s["items"].is_array()) refuse(path + ".items", "a list of schemas (tuple) is not supported");
-      n.items = has(s, "items") ? compile(s["items"], path + ".items") : any_node();
+      // A tuple: prefixItems (2020-12), or items as a list (draft 4-2019) with additionalItems
+      // for the rest; else items is the rest. The rest false: nothing past the prefix.
+      const bool list = has(s, "items") && s["items"].is_array();
+      if (list && has(s, "prefixItems")) refuse(path + ".items", "a list of schemas beside prefixItems is not supported");
+      const char* tuple = has(s, "prefixItems") ? "prefixItems" : list ? "items" : nullptr;
+      if (tuple) {
+        const ojson& t = s[tuple];
+        if (!t.is_array()) refuse(path + "." + tuple, "must be a list of schemas");
+        if (t.size() > 64) refuse(path + "." + tuple, "at most 64 schemas, got " + std::to_string(t.size()));
+        for (size_t i = 0; i < t.size(); ++i) n.prefix.push_back(compile(t[i], path + "." + tuple + "[" + std::to_string(i) + "]"));
+      }
+      const char* rest = list ? "additionalItems" : "items";  // (additionalItems alone constrains nothing)
+      if (!has(s, rest)) n.items = any_node();
+      else if (s[rest].is_boolean() && !s[rest].get<bool>()) n.items = -1;
+      else n.items = compile(s[rest], path + "." + rest);
       n.min_items = count(s, "minItems", 0, path);
       n.max_items = count(s, "maxItems", UINT32_MAX, path);
-      if (n.min_items > n.max_items) refuse(path + ".minItems", "is above maxItems");
+      if (n.items < 0) n.max_items = std::min<uint32_t>(n.max_items, static_cast<uint32_t>(n.prefix.size()));
+      if (n.min_items > n.max_items) refuse(path + ".minItems", "is above maxItems (or the number of items allowed)");
     } else if (type == "string") {
       n.kind = JsonGrammar::String;
       n.min_len = count(s, "minLength", 0, path);
@@ -781,7 +798,7 @@ JsonGrammarState::Step JsonGrammarState::step(uint8_t b, bool ws) {
             end_value();
             return Step::Taken;
           }
-          return ok(n.max_items > 0 && begin_value(n.items, b));
+          return ok(n.max_items > 0 && begin_value(n.prefix.empty() ? n.items : n.prefix[0], b));
         case AAfter:
           if (b == ',' && f.count < n.max_items) {
             f.phase = ANext;
@@ -792,8 +809,8 @@ JsonGrammarState::Step JsonGrammarState::step(uint8_t b, bool ws) {
             return Step::Taken;
           }
           return Step::Refused;
-        default:  // ANext
-          return ok(begin_value(n.items, b));
+        default:  // ANext (count < max_items: a value exists for this place)
+          return ok(begin_value(f.count < n.prefix.size() ? n.prefix[f.count] : n.items, b));
       }
     case JsonGrammar::AnyOf: break;
   }

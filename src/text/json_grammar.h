@@ -20,7 +20,8 @@
 //   object with declared properties every key is written without escapes (the automaton
 //   compares keys byte by byte: a property name that needs one is refused); at most 64
 //   properties;
-// - arrays: items (one schema), minItems, maxItems;
+// - arrays: items (one schema), prefixItems (or draft 4-2019's items as a list, then
+//   additionalItems), items / additionalItems false (nothing past the prefix), minItems, maxItems;
 // - strings: minLength, maxLength (in characters: code points, an escape counting as the one it
 //   writes), pattern (text/json_pattern.h: a subset of ECMA-262, run on the characters);
 // - integers are written without fraction or exponent;
@@ -76,7 +77,9 @@ class JsonGrammar {
     std::vector<int> values;
     uint64_t required = 0;
     int additional = -1;
-    // Array
+    // Array: the first values' nodes by position, then `items` for the rest (-1: none allowed,
+    // max_items then at most prefix.size()).
+    std::vector<int> prefix;
     int items = -1;
     uint32_t min_items = 0, max_items = UINT32_MAX;
     // String: bounds on the length in characters; the pattern (pattern()), -1: none.

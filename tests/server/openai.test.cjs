@@ -187,6 +187,31 @@ test('response_format json_object: every answer is one JSON object, streamed or 
   assert.match(open.choices[0].message.content, /^[ \t\r\n]{0,32}\{/);
 });
 
+test('response_format beside tools: the object or a tool call, streamed as not', async () => {
+  const tools = [{ type: 'function', function: { name: 'get_weather',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  for (const thinking of ['disabled', 'enabled']) {
+    const req = chat('Weather in Oslo as JSON, or look it up', { tools, response_format: { type: 'json_object' },
+      logit_bias: closing, max_tokens: 80, temperature: 0, thinking: { type: thinking } });
+    const a = await client.chat.completions.create(req);
+    const m = a.choices[0].message;
+    if (a.choices[0].finish_reason === 'tool_calls') {
+      assert.ok(m.tool_calls.length > 0 && !/DSML/.test(m.content ?? ''), JSON.stringify(m));
+    } else if (a.choices[0].finish_reason === 'stop') {
+      assert.strictEqual(typeof JSON.parse(m.content), 'object', m.content);
+    } else {  // (the random model may reason to the limit)
+      assert.strictEqual(thinking, 'enabled', JSON.stringify(a.choices[0]));
+    }
+    const s = await collectChat(await client.chat.completions.create({ ...req, stream: true }));
+    assert.strictEqual(s.choices[0].content, m.content ?? '');
+    assert.strictEqual(s.choices[0].finish_reason, a.choices[0].finish_reason);
+  }
+  // A forced call is the answer itself: the format is for a later answer.
+  const forced = await client.chat.completions.create(chat('Weather?', { tools, tool_choice: 'required',
+    response_format: { type: 'json_object' }, max_tokens: 40, temperature: 0, thinking: { type: 'disabled' } }));
+  assert.ok(['tool_calls', 'stop', 'length'].includes(forced.choices[0].finish_reason), JSON.stringify(forced.choices[0]));
+});
+
 test('response_format json_schema: the answer is an instance of the schema', async () => {
   const schema = { type: 'object', properties: { city: { type: 'string', maxLength: 12 },
     days: { type: 'integer', minimum: 1, maximum: 14 }, unit: { enum: ['C', 'F'] },
