@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -21,7 +22,7 @@ namespace {
 const std::set<std::string> kAnnotations = {"title",    "description", "default",         "examples",
                                             "$schema",  "$id",         "$comment",        "deprecated",
                                             "readOnly", "writeOnly",   "format",          "contentEncoding",
-                                            "contentMediaType"};
+                                            "contentMediaType", "discriminator"};
 const std::set<std::string> kKeywords = {"type",      "properties", "required",         "additionalProperties",
                                          "items",     "prefixItems", "additionalItems",  "minItems",   "maxItems",
                                          "minLength",
@@ -150,6 +151,7 @@ struct GrammarCompiler {
       for (size_t i = 0; i < list.size(); ++i) branches.push_back(compile(list[i], path + "." + k + "[" + std::to_string(i) + "]"));
       Node n;
       n.branches = std::move(branches);
+      n.one_of = std::string(k) == "oneOf";
       const int id = add(std::move(n));
       anyof_paths[id] = path + "." + k;
       return id;
@@ -345,25 +347,80 @@ struct GrammarCompiler {
             if (u != g.first_[i][w]) g.first_[i][w] = u, changed = true;
           }
     }
-    for (size_t i = 0; i < N; ++i) {
-      Node& n = g.nodes_[i];
-      if (n.kind != JsonGrammar::AnyOf) continue;
-      const std::string& where = anyof_paths.count(static_cast<int>(i)) ? anyof_paths[static_cast<int>(i)] : root_path;
-      n.by_first.fill(-1);
-      bool any_byte = false;
-      for (int c = 0; c < 256; ++c)
-        for (size_t k = 0; k < n.branches.size(); ++k) {
-          const size_t b = static_cast<size_t>(n.branches[k]);
-          if (!(g.first_[b][c >> 6] >> (c & 63) & 1)) continue;
-          if (n.by_first[static_cast<size_t>(c)] >= 0)
-            refuse(where, "two branches can both start with " + byte_name(c) +
-                              ": the branches must start differently (e.g. a string or null), so that a value's first "
-                              "byte picks its branch");
-          n.by_first[static_cast<size_t>(c)] = static_cast<int16_t>(b);
-          any_byte = true;
+    // Per byte c, the nodes (not AnyOf) a value of each AnyOf node starting with c can be of,
+    // through nested ones: memoized, a cycle of AnyOf nodes is a $ref that only refers to itself.
+    for (size_t i = 0; i < N; ++i)
+      if (g.nodes_[i].kind == JsonGrammar::AnyOf) g.nodes_[i].by_first.fill(-1);
+    std::vector<std::vector<int>> leaves(N);
+    std::vector<uint8_t> state(N);  // 0 not yet, 1 in progress, 2 done
+    for (int c = 0; c < 256; ++c) {
+      std::fill(state.begin(), state.end(), 0);
+      std::function<const std::vector<int>&(int)> of = [&](int i) -> const std::vector<int>& {
+        std::vector<int>& out = leaves[static_cast<size_t>(i)];
+        if (state[static_cast<size_t>(i)] == 2) return out;
+        if (state[static_cast<size_t>(i)] == 1)
+          refuse(anyof_paths.count(i) ? anyof_paths[i] : root_path, "no value can match it (a $ref that only refers to itself?)");
+        state[static_cast<size_t>(i)] = 1;
+        out.clear();
+        for (int b : g.nodes_[static_cast<size_t>(i)].branches) {
+          if (!g.starts(b, static_cast<uint8_t>(c))) continue;
+          if (g.nodes_[static_cast<size_t>(b)].kind != JsonGrammar::AnyOf) out.push_back(b);
+          else for (int l : of(b)) out.push_back(l);
         }
-      if (!any_byte) refuse(where, "no value can match it (a $ref that only refers to itself?)");
+        std::sort(out.begin(), out.end());
+        out.erase(std::unique(out.begin(), out.end()), out.end());
+        state[static_cast<size_t>(i)] = 2;
+        return out;
+      };
+      for (size_t i = 0; i < N; ++i) {
+        if (g.nodes_[i].kind != JsonGrammar::AnyOf || !g.starts(static_cast<int>(i), static_cast<uint8_t>(c))) continue;
+        const std::vector<int> l = of(static_cast<int>(i));
+        Node& n = g.nodes_[i];
+        if (l.size() == 1) {
+          n.by_first[static_cast<size_t>(c)] = static_cast<int16_t>(l[0]);
+          continue;
+        }
+        if (n.one_of) discriminated(l, c, anyof_paths.count(static_cast<int>(i)) ? anyof_paths[static_cast<int>(i)] : root_path);
+        size_t k = 0;
+        while (k < n.alike.size() && n.alike[k] != l) ++k;
+        if (k == n.alike.size()) n.alike.push_back(l);
+        n.by_first[static_cast<size_t>(c)] = static_cast<int16_t>(-2 - static_cast<int>(k));
+      }
     }
+    for (size_t i = 0; i < N; ++i) {
+      const Node& n = g.nodes_[i];
+      if (n.kind != JsonGrammar::AnyOf) continue;
+      bool any_byte = false;
+      for (int c = 0; c < 256; ++c) any_byte |= n.by_first[static_cast<size_t>(c)] != -1;
+      if (!any_byte) refuse(anyof_paths.count(static_cast<int>(i)) ? anyof_paths[static_cast<int>(i)] : root_path,
+                            "no value can match it (a $ref that only refers to itself?)");
+    }
+  }
+
+  // oneOf branches that start alike (byte c) must exclude each other, which the grammar can tell
+  // only in one form: objects with a required property whose value is a const, different in each
+  // (a discriminator, as pydantic writes for tagged unions). Else the schema should say anyOf.
+  void discriminated(const std::vector<int>& alike, int c, const std::string& where) {
+    const std::string why = "branches that can both start with " + byte_name(c) +
+                            " are supported in oneOf only as objects told apart by a required property with a "
+                            "different const in each (a discriminator); use anyOf if any branch may match";
+    for (int l : alike)
+      if (g.nodes_[static_cast<size_t>(l)].kind != JsonGrammar::Object) refuse(where, why);
+    const Node& first = g.nodes_[static_cast<size_t>(alike[0])];
+    for (size_t k = 0; k < first.keys.size(); ++k) {
+      std::set<std::string> values;
+      bool ok = true;
+      for (int l : alike) {
+        const Node& o = g.nodes_[static_cast<size_t>(l)];
+        const auto at = std::find(o.keys.begin(), o.keys.end(), first.keys[k]);
+        const size_t j = static_cast<size_t>(at - o.keys.begin());
+        if (at == o.keys.end() || !(o.required >> j & 1)) { ok = false; break; }
+        const Node& v = g.nodes_[static_cast<size_t>(o.values[j])];
+        if (v.kind != JsonGrammar::Enum || v.texts.size() != 1 || !values.insert(v.texts[0]).second) { ok = false; break; }
+      }
+      if (ok) return;
+    }
+    refuse(where, why);
   }
 };
 
@@ -414,7 +471,7 @@ uint64_t low_bits(size_t n) { return n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n)
 
 }  // namespace
 
-JsonGrammarState& JsonGrammarState::operator=(const JsonGrammarState& o) {
+JsonGrammarThread& JsonGrammarThread::operator=(const JsonGrammarThread& o) {
   if (this == &o) return *this;
   g_ = o.g_;
   std::memcpy(frames_.data(), o.frames_.data(), sizeof(Frame) * static_cast<size_t>(o.depth_));
@@ -424,8 +481,8 @@ JsonGrammarState& JsonGrammarState::operator=(const JsonGrammarState& o) {
   return *this;
 }
 
-JsonGrammarState::TextSpot JsonGrammarState::text_spot() const {
-  TextSpot t;
+JsonTextSpot JsonGrammarThread::text_spot() const {
+  JsonTextSpot t;
   if (depth_ == 0 || lex_ != Text || pair_ != None) return t;
   const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
   const Node& n = g_->node(f.node);
@@ -439,16 +496,18 @@ JsonGrammarState::TextSpot JsonGrammarState::text_spot() const {
   return t;
 }
 
-bool JsonGrammarState::key_possible(const Frame& f) const {
+bool JsonGrammarThread::key_possible(const Frame& f) const {
   const Node& n = g_->node(f.node);
   return n.additional >= 0 || (~f.seen & low_bits(n.keys.size())) != 0;
 }
 
-bool JsonGrammarState::begin_value(int node, uint8_t b) {
+bool JsonGrammarThread::begin_value(int node, uint8_t b) {
   int id = node;
-  while (g_->node(id).kind == JsonGrammar::AnyOf) {
-    id = g_->node(id).by_first[b];
-    if (id < 0) return false;
+  if (g_->node(id).kind == JsonGrammar::AnyOf) {  // (by_first looks through nested ones)
+    const Node& a = g_->node(id);
+    const int16_t v = a.by_first[b];
+    if (v == -1) return false;
+    id = v >= 0 ? v : a.alike[static_cast<size_t>(-2 - v)][static_cast<size_t>(pick_)];
   }
   const Node& n = g_->node(id);
   if (depth_ >= static_cast<int>(frames_.size())) return false;
@@ -491,7 +550,7 @@ bool JsonGrammarState::begin_value(int node, uint8_t b) {
 }
 
 // The top value is complete: it leaves its container's phase "after a value".
-void JsonGrammarState::end_value() {
+void JsonGrammarThread::end_value() {
   --depth_;
   const JsonGrammar::Kind k = g_->node(frames_[static_cast<size_t>(depth_)].node).kind;
   if (k == JsonGrammar::Object || k == JsonGrammar::Array) --containers_;
@@ -513,7 +572,7 @@ void JsonGrammarState::end_value() {
 // A string's text byte other than '"' and '\' (UTF-8 checked: the lead byte fixes the length and
 // the range of the first continuation byte, which rules out overlong forms, surrogates and code
 // points above U+10FFFF).
-bool JsonGrammarState::string_byte(uint8_t b, bool key) {
+bool JsonGrammarThread::string_byte(uint8_t b, bool key) {
   switch (lex_) {
     case Esc:
       if (pair_ == WantU || b == 'u') {
@@ -583,7 +642,7 @@ bool JsonGrammarState::string_byte(uint8_t b, bool key) {
 // A string byte taken by the lexer, against the string's pattern: a character it completes must
 // lead the pattern on (the states advance), and a character it begins must be able to: some code
 // point its bytes so far can still become must (the prefix property).
-bool JsonGrammarState::pattern_byte(const JsonPattern& p, Frame& f, uint8_t b, uint8_t lex_before, uint8_t pair_before) {
+bool JsonGrammarThread::pattern_byte(const JsonPattern& p, Frame& f, uint8_t b, uint8_t lex_before, uint8_t pair_before) {
   JsonPattern::Set s{f.cand, f.seen};
   // Code points a \u escape can still write, given the hexadecimal range [lo, hi] of its value.
   auto escaped = [&](uint32_t lo, uint32_t hi) {
@@ -637,7 +696,7 @@ bool JsonGrammarState::pattern_byte(const JsonPattern& p, Frame& f, uint8_t b, u
 // number ends there.
 // With bounds (Node::range) each byte taken must leave the number able to end within them, and the
 // number ends only within them; it has no exponent then.
-bool JsonGrammarState::number_byte(uint8_t b, const JsonGrammar::Node& n, bool& ended) {
+bool JsonGrammarThread::number_byte(uint8_t b, const JsonGrammar::Node& n, bool& ended) {
   const bool integer = n.kind == JsonGrammar::Integer, bounded = n.range >= 0;
   const bool digit = b >= '0' && b <= '9';
   const int room = kMaxNumber - left_;
@@ -669,7 +728,7 @@ bool JsonGrammarState::number_byte(uint8_t b, const JsonGrammar::Node& n, bool& 
   }
 }
 
-JsonGrammarState::Step JsonGrammarState::step(uint8_t b, bool ws) {
+JsonGrammarThread::Step JsonGrammarThread::step(uint8_t b, bool ws) {
   if (done_) return Step::Refused;
   auto space = [&] { return ++spaces_ <= kMaxSpaces ? Step::Taken : Step::Refused; };
   auto ok = [](bool t) { return t ? Step::Taken : Step::Refused; };
@@ -817,7 +876,8 @@ JsonGrammarState::Step JsonGrammarState::step(uint8_t b, bool ws) {
   return Step::Refused;
 }
 
-bool JsonGrammarState::push(uint8_t b) {
+bool JsonGrammarThread::push(uint8_t b, int pick) {
+  pick_ = pick;
   const bool ws = b == ' ' || b == '\t' || b == '\n' || b == '\r';
   if (!ws) spaces_ = 0;
   for (;;) {
@@ -827,6 +887,59 @@ bool JsonGrammarState::push(uint8_t b) {
       case Step::Again: break;  // a number ended: the byte is its container's
     }
   }
+}
+
+int JsonGrammarThread::value_node() const {
+  if (done_) return -1;
+  if (depth_ == 0) return g_->root();
+  const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+  const Node& n = g_->node(f.node);
+  if (n.kind == JsonGrammar::Object && f.phase == OValue) return f.prop >= 0 ? n.values[static_cast<size_t>(f.prop)] : n.additional;
+  if (n.kind == JsonGrammar::Array && (f.phase == ANext || (f.phase == AOpen && n.max_items > 0)))
+    return f.count < n.prefix.size() ? n.prefix[f.count] : n.items;
+  return -1;  // (a number's end hands its byte to a container after a value: no value starts)
+}
+
+int JsonGrammarThread::ambiguity(uint8_t b) const {
+  const int id = value_node();
+  if (id < 0 || g_->node(id).kind != JsonGrammar::AnyOf) return 1;
+  const int16_t v = g_->node(id).by_first[b];
+  return v <= -2 ? static_cast<int>(g_->node(id).alike[static_cast<size_t>(-2 - v)].size()) : 1;
+}
+
+// ---- all readings ----
+
+JsonGrammarState& JsonGrammarState::operator=(const JsonGrammarState& o) {
+  if (this == &o) return *this;
+  n_ = o.n_;
+  for (int i = 0; i < n_; ++i) threads_[static_cast<size_t>(i)] = o.threads_[static_cast<size_t>(i)];
+  return *this;
+}
+
+bool JsonGrammarState::complete() const {
+  for (int i = 0; i < n_; ++i)
+    if (threads_[static_cast<size_t>(i)].complete()) return true;
+  return false;
+}
+
+// A value that can be of several nodes forks the reading, one per node; readings that refuse a
+// byte end. (Past kMaxThreads the last alternatives are dropped: a schema would need that many
+// alike branches open at once.)
+bool JsonGrammarState::push(uint8_t b) {
+  if (n_ == 1 && threads_[0].ambiguity(b) == 1) return threads_[0].push(b);
+  std::array<JsonGrammarThread, kMaxThreads> out;
+  int m = 0;
+  for (int i = 0; i < n_; ++i) {
+    const int a = threads_[static_cast<size_t>(i)].ambiguity(b);
+    for (int k = 0; k < a && m < kMaxThreads; ++k) {
+      out[static_cast<size_t>(m)] = threads_[static_cast<size_t>(i)];
+      if (out[static_cast<size_t>(m)].push(b, k)) ++m;
+    }
+  }
+  if (m == 0) return false;
+  n_ = m;
+  for (int i = 0; i < m; ++i) threads_[static_cast<size_t>(i)] = out[static_cast<size_t>(i)];
+  return true;
 }
 
 }  // namespace dsv4

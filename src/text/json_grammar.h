@@ -30,12 +30,16 @@
 //   written without an exponent, and the bounds must leave some number of kMaxNumber bytes;
 // - enum and const of strings, numbers, booleans and null (at most 64 values), written as
 //   nlohmann writes them (strings with their characters as they are, no escapes but the needed);
-// - anyOf / oneOf whose branches start with different bytes (a string or null, an object or an
-//   array, ...), so the first byte of a value picks its branch (then anyOf = oneOf);
+// - anyOf (and type lists): where the first byte of a value picks no single branch (two object
+//   branches, say), the automaton reads on in each of them (JsonGrammarState: at most kMaxThreads
+//   readings at once) until the text tells them apart; oneOf likewise when such branches are
+//   objects told apart by a required property with a different const in each (a discriminator,
+//   as pydantic writes for tagged unions), so that at most one can match;
 // - $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" of the root, recursion included;
 //   allOf of one schema (what pydantic writes around a $ref);
 // - annotations are ignored: title, description, default, examples, $schema, $id, $comment,
-//   deprecated, readOnly, writeOnly, and format, contentEncoding, contentMediaType (annotations
+//   deprecated, readOnly, writeOnly, discriminator (OpenAPI's hint beside a oneOf), and format,
+//   contentEncoding, contentMediaType (annotations
 //   in JSON Schema 2020-12 unless a schema asks for their assertion: a "date-time" string is
 //   held to being a string).
 // The root must be an object schema.
@@ -90,9 +94,13 @@ class JsonGrammar {
     // Enum: each value's JSON text; numeric ones end only at the byte after them.
     std::vector<std::string> texts;
     std::vector<uint8_t> numeric;
-    // AnyOf: the branches; by_first[b] is the branch a value starting with byte b takes (-1: none).
+    // AnyOf: the branches. A value starting with byte b is of node by_first[b] (not an AnyOf:
+    // nested ones are looked through), -1: of none; <= -2: of one of several, the list
+    // alike[-2 - by_first[b]] (the automaton follows each).
     std::vector<int> branches;
     std::array<int16_t, 256> by_first{};
+    std::vector<std::vector<int>> alike;
+    bool one_of = false;  // oneOf: several alike only with a discriminating const property
   };
   const Node& node(int i) const { return nodes_[static_cast<size_t>(i)]; }
   const NumberRange& range(int i) const { return ranges_[static_cast<size_t>(i)]; }
@@ -110,40 +118,41 @@ class JsonGrammar {
   int root_ = -1;
 };
 
-class JsonGrammarState {
+// Inside a free string's text: a string value, or a key where any key is allowed (not an enum
+// value). There whole characters but '"', '\\' and controls can come next, as far as the string's
+// length bound (room, in characters) and pattern allow (the mask's fast path; what they leave
+// behind, e.g. the declared keys a key may still become, is push()'s).
+struct JsonTextSpot {
+  bool text = false;
+  uint32_t room = UINT32_MAX;
+  int pattern = -1;  // JsonGrammar::pattern(), at states `states`
+  JsonPattern::Set states{};
+};
+
+// One reading of the text so far: the pushdown automaton's stack and lexer. JsonGrammarState
+// holds one per way the text can still be read (anyOf branches that start alike).
+class JsonGrammarThread {
  public:
   static constexpr int kMaxDepth = 64;
   static constexpr int kMaxSpaces = 32;
   static constexpr int kMaxNumber = 64;
 
-  // `g` must outlive the state (and its copies): the state holds a plain pointer, as it is copied
-  // for every candidate token.
-  explicit JsonGrammarState(const JsonGrammar* g) : g_(g) {}
-  JsonGrammarState(const JsonGrammarState& o) { *this = o; }
-  JsonGrammarState& operator=(const JsonGrammarState& o);  // copies the open frames only
+  // (Trivial: a state's spare readings cost nothing until used; the copies it makes per
+  // candidate token copy only the live ones.)
+  JsonGrammarThread() = default;
+  explicit JsonGrammarThread(const JsonGrammar* g)
+      : g_(g), pick_(0), depth_(0), containers_(0), done_(false), spaces_(0), lex_(0), pair_(0), left_(0), lo_(0), hi_(0), code_(0),
+        cp_(0) {}
+  JsonGrammarThread(const JsonGrammarThread& o) { *this = o; }
+  JsonGrammarThread& operator=(const JsonGrammarThread& o);  // copies the open frames only
 
-  // Feeds one byte: false when it cannot follow (the state is then unusable: test on a copy).
-  bool push(uint8_t b);
-  // Feeds bytes in order; false as soon as one cannot follow.
-  bool push(std::string_view s) {
-    for (char c : s)
-      if (!push(static_cast<uint8_t>(c))) return false;
-    return true;
-  }
-  // The top-level object is closed: the text is complete.
+  // Feeds one byte: false when it cannot follow (the thread is then unusable: test on a copy). A
+  // value that can be of several nodes (ambiguity(b) > 1) is taken as the pick-th of them.
+  bool push(uint8_t b, int pick = 0);
+  // How many nodes a value starting with b here can be of (1 where no value starts or one node).
+  int ambiguity(uint8_t b) const;
   bool complete() const { return done_; }
-  // Inside a free string's text: a string value, or a key where any key is allowed (not an enum
-  // value). There whole characters but '"', '\\' and controls can come next, as far as the
-  // string's length bound (room, in characters) and pattern allow (the mask's fast path; what
-  // they leave behind, e.g. the declared keys a key may still become, is push()'s).
-  struct TextSpot {
-    bool text = false;
-    uint32_t room = UINT32_MAX;
-    int pattern = -1;  // JsonGrammar::pattern(), at states `states`
-    JsonPattern::Set states{};
-  };
-  TextSpot text_spot() const;
-  bool in_string_text() const { return text_spot().text; }
+  JsonTextSpot text_spot() const;
 
  private:
   // Per open value: an object, an array, or the scalar being read.
@@ -159,6 +168,7 @@ class JsonGrammarState {
   enum class Step { Refused, Taken, Again };  // Again: a number ended; the byte is the parent's
   Step step(uint8_t b, bool ws);
   bool begin_value(int node, uint8_t b);
+  int value_node() const;  // the node of a value that would start here, -1: none
   void end_value();
   bool string_byte(uint8_t b, bool key);
   bool pattern_byte(const JsonPattern& p, Frame& f, uint8_t b, uint8_t lex_before, uint8_t pair_before);
@@ -166,17 +176,54 @@ class JsonGrammarState {
   bool number_byte(uint8_t b, const JsonGrammar::Node& n, bool& ended);
 
   const JsonGrammar* g_;
+  int pick_;  // (push's, for begin_value)
   std::array<Frame, kMaxDepth + 2> frames_;
-  int depth_ = 0;
-  int containers_ = 0;
-  bool done_ = false;
-  uint8_t spaces_ = 0;
+  int depth_;
+  int containers_;
+  bool done_;
+  uint8_t spaces_;
   // The lexer of the innermost string or number.
-  uint8_t lex_ = 0, pair_ = 0, left_ = 0, lo_ = 0, hi_ = 0;
-  uint16_t code_ = 0;
-  uint32_t cp_ = 0;  // the UTF-8 character being read (its bits so far); a \u pair's high half
+  uint8_t lex_, pair_, left_, lo_, hi_;
+  uint16_t code_;
+  uint32_t cp_;  // the UTF-8 character being read (its bits so far); a \u pair's high half
   // The number being read (left_ bytes): bounds are decided on its text.
   std::array<char, kMaxNumber> num_;
+};
+
+// The state of an answer against a grammar: every reading of it still possible (one, unless
+// anyOf branches that start alike are being told apart; at most kMaxThreads).
+class JsonGrammarState {
+ public:
+  static constexpr int kMaxDepth = JsonGrammarThread::kMaxDepth;
+  static constexpr int kMaxSpaces = JsonGrammarThread::kMaxSpaces;
+  static constexpr int kMaxNumber = JsonGrammarThread::kMaxNumber;
+  static constexpr int kMaxThreads = 8;
+  using TextSpot = JsonTextSpot;
+
+  // `g` must outlive the state (and its copies): the state holds a plain pointer, as it is copied
+  // for every candidate token.
+  explicit JsonGrammarState(const JsonGrammar* g) : n_(1) { threads_[0] = JsonGrammarThread(g); }
+  JsonGrammarState(const JsonGrammarState& o) { *this = o; }
+  JsonGrammarState& operator=(const JsonGrammarState& o);  // copies the live readings only
+
+  // Feeds one byte: false when it cannot follow (the state is then unusable: test on a copy).
+  bool push(uint8_t b);
+  // Feeds bytes in order; false as soon as one cannot follow.
+  bool push(std::string_view s) {
+    for (char c : s)
+      if (!push(static_cast<uint8_t>(c))) return false;
+    return true;
+  }
+  // The top-level object is closed: the text is complete.
+  bool complete() const;
+  // Where one reading is left: its spot; else none (no fast path).
+  TextSpot text_spot() const { return n_ == 1 ? threads_[0].text_spot() : TextSpot{}; }
+  bool in_string_text() const { return text_spot().text; }
+  int readings() const { return n_; }
+
+ private:
+  std::array<JsonGrammarThread, kMaxThreads> threads_;
+  int n_ = 0;
 };
 
 }  // namespace dsv4
