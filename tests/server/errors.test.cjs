@@ -434,12 +434,13 @@ test('while the model loads: /health says loading, generation 503, /v1/models na
   const seen = [];
   try {
     while (!/ready at/.test(s.log())) {
-      const [health, models, chat] = await Promise.all([
-        fetch(url + '/health'),
-        fetch(url + '/v1/models'),
-        fetch(url + '/v1/chat/completions', { method: 'POST', headers: { 'Content-Type': 'application/json' },
-                                               body: JSON.stringify(ok) }),
-      ]);
+      // The generation request first, /health once it is answered: the state only goes from
+      // loading to ready, so a /health that still says loading means the generation saw loading
+      // too. (Sent side by side, the load could end between them: a thread-tier run saw /health
+      // 503 and the generation 200.)
+      const chat = await fetch(url + '/v1/chat/completions', { method: 'POST', headers: { 'Content-Type': 'application/json' },
+                                                               body: JSON.stringify(ok) });
+      const [health, models] = await Promise.all([fetch(url + '/health'), fetch(url + '/v1/models')]);
       seen.push({ health: health.status, healthBody: await health.json(), models: await models.json(),
                   chat: chat.status, chatBody: await chat.json() });
     }
