@@ -143,7 +143,7 @@ struct Instances {
     else if (s.contains("items")) t = "array";
     else return any(depth);
     if (t == "string" && s.contains("pattern")) {
-      std::vector<std::string> c = {"2024-01", "1999-12", "x2024-01", "ab", "a0b", "2024-01-31", ":"};
+      std::vector<std::string> c = {"2024-01", "1999-12", "x2024-01", "ab", "a0b", "2024-01-31", ":", "x", "xy"};
       c.erase(std::remove_if(c.begin(), c.end(), [&](const std::string& x) { return !in_limits(ojson(x), s); }), c.end());
       return ojson(c[g() % c.size()]).dump();
     }
@@ -246,7 +246,10 @@ const std::vector<std::string> kSchemas = {
         "required":["kind"],"additionalProperties":false}},"type":"object","properties":{"pet":{"oneOf":[{"$ref":"#/$defs/Cat"},
         {"$ref":"#/$defs/Dog"}],"discriminator":{"propertyName":"kind","mapping":{"cat":"#/$defs/Cat","dog":"#/$defs/Dog"}}},"v":{"anyOf":[{"type":"integer","maximum":5},{"type":"number","minimum":3},
         {"type":"string","maxLength":2},{"type":"string","pattern":"^a"}]},"list":{"anyOf":[{"type":"array","items":{"type":"integer"}},
-        {"type":"array","items":{"type":"string"}}]},"n":{"type":["integer","number","null"]}},"additionalProperties":false})",
+        {"type":"array","items":{"type":"string"}}]},"n":{"type":["integer","number","null"]},
+        "u":{"anyOf":[{"type":"object","properties":{"name":{"type":"string"},"a":{"type":"integer"}},"required":["a"]},
+        {"type":"object","properties":{"name":{"type":"string"},"b":{"type":"integer"}},"required":["b"]}]},
+        "w":{"anyOf":[{"type":"string","maxLength":3},{"type":"string","pattern":"^x.?$"}]}},"additionalProperties":false})",
 };
 
 }  // namespace
@@ -425,7 +428,8 @@ TEST(JsonSchema, MaskIsEveryTokenThatFitsInBoundedValues) {
   }
   // Where several readings are open (anyOf branches that start alike).
   const auto alike = JsonGrammar::compile(ojson::parse(kSchemas[9]), "s");
-  for (const char* text : {"{\"v\": \"a", "{\"v\": \"b", "{\"v\": 4", "{\"pet\": {\"kind\": \"", "{\"list\": [", "{\"list\": [\"x\", "}) {
+  for (const char* text : {"{\"v\": \"a", "{\"v\": \"b", "{\"v\": 4", "{\"pet\": {\"kind\": \"", "{\"list\": [", "{\"list\": [\"x\", ",
+                           "{\"u\": {\"name\": \"Fel", "{\"u\": {\"na", "{\"w\": \"x", "{\"w\": \"ab"}) {
     JsonConstraint c(vocab, alike, false);
     for (int32_t id : tok.encode(text)) c.push(id);
     dsv4::testing::expect_mask_is_allows(c, vocab->size(), text);

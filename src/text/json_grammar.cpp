@@ -916,6 +916,15 @@ JsonGrammarState& JsonGrammarState::operator=(const JsonGrammarState& o) {
   return *this;
 }
 
+JsonTextSpot JsonGrammarState::text_spot() const {
+  if (n_ == 1) return threads_[0].text_spot();
+  for (int i = 0; i < n_; ++i) {
+    const JsonTextSpot t = threads_[static_cast<size_t>(i)].text_spot();
+    if (t.text && t.room == UINT32_MAX && t.pattern < 0) return t;
+  }
+  return {};
+}
+
 bool JsonGrammarState::complete() const {
   for (int i = 0; i < n_; ++i)
     if (threads_[static_cast<size_t>(i)].complete()) return true;

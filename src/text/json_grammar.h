@@ -216,8 +216,9 @@ class JsonGrammarState {
   }
   // The top-level object is closed: the text is complete.
   bool complete() const;
-  // Where one reading is left: its spot; else none (no fast path).
-  TextSpot text_spot() const { return n_ == 1 ? threads_[0].text_spot() : TextSpot{}; }
+  // One reading's spot; with several, free text where one of them is in free text (no length
+  // bound or pattern: it takes any text, so the readings together do), else none (no fast path).
+  TextSpot text_spot() const;
   bool in_string_text() const { return text_spot().text; }
   int readings() const { return n_; }
 
