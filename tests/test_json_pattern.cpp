@@ -78,6 +78,10 @@ TEST(JsonPattern, RefusesWhatItCannotHold) {
   EXPECT_NO_THROW(JsonPattern::compile("x{", "p"));
   EXPECT_NO_THROW(JsonPattern::compile("^(a|b)$", "p"));
   EXPECT_NO_THROW(JsonPattern::compile(R"(^\$\^$)", "p"));
+  // Groups nest at most 32 deep (the parser recurses through them; a fuzzer's 5000 overflowed it).
+  EXPECT_NO_THROW(JsonPattern::compile(std::string(32, '(') + "a" + std::string(32, ')'), "p"));
+  EXPECT_THROW(JsonPattern::compile(std::string(33, '(') + "a" + std::string(33, ')'), "p"), SchemaError);
+  EXPECT_THROW(JsonPattern::compile(std::string(5000, '('), "p"), SchemaError);
 }
 
 // A branch that can never match (an empty class ahead) is refused at its first character.

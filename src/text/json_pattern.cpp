@@ -10,7 +10,8 @@ namespace {
 
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
 constexpr uint32_t kMaxCp = 0x10FFFF;
-constexpr int kMaxRaw = 2048;  // states while building, splits included
+constexpr int kMaxRaw = 2048;    // states while building, splits included
+constexpr int kMaxGroups = 32;   // groups nested in one another
 
 Ranges normalized(Ranges r) {
   std::sort(r.begin(), r.end());
@@ -77,6 +78,7 @@ struct PatternCompiler {
   std::vector<uint32_t> cp;  // the pattern's code points
   size_t i = 0;
   const std::string& path;
+  int groups = 0;  // groups open around the parser (its recursion, and the builder's, is bounded by it)
 
   [[noreturn]] void refuse(const std::string& why) const { throw SchemaError(path, why); }
   bool end() const { return i >= cp.size(); }
@@ -151,7 +153,9 @@ struct PatternCompiler {
     switch (c) {
       case '(': {
         if (eat('?') && !eat(':')) refuse("lookaround and named groups are not supported");
+        if (++groups > kMaxGroups) refuse("groups nested more than " + std::to_string(kMaxGroups) + " deep");
         Ast a = alt();
+        --groups;
         if (!eat(')')) refuse("a '(' without its ')'");
         return a;
       }
@@ -324,7 +328,7 @@ struct PatternCompiler {
 };
 
 JsonPattern JsonPattern::compile(std::string_view re, const std::string& path) {
-  PatternCompiler c{{}, 0, path, {}};
+  PatternCompiler c{{}, 0, path, 0, {}};
   // UTF-8 to code points (schemas come from parsed JSON: valid UTF-8).
   for (size_t k = 0; k < re.size();) {
     const auto b = static_cast<uint8_t>(re[k]);

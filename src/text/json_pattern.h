@@ -9,8 +9,8 @@
 // ranges, negation and the escapes above; groups (...) and (?:...); alternation |; quantifiers
 // * + ? {n} {n,} {n,m} (lazy ones too: same language); ^ at the very start and $ at the very end.
 // Refused with the keyword's path: backreferences, lookaround, word boundaries, named groups,
-// anchors elsewhere (or beside a top-level |), and patterns of more than kMaxStates states
-// (counted repetitions are copies: \d{4} is four states).
+// anchors elsewhere (or beside a top-level |), groups nested more than 32 deep, and patterns of
+// more than kMaxStates states (counted repetitions are copies: \d{4} is four states).
 #include <array>
 #include <cstdint>
 #include <string>
