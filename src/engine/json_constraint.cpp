@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <string_view>
 
 #include "core/error.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
+#include "text/unicode.h"
 
 namespace dsv4 {
 
@@ -51,14 +51,13 @@ int first_marker(const std::string& tail, std::string_view bytes, uint8_t bits, 
   return -1;
 }
 
-// The code point starting at b[i] (valid UTF-8); i moves past it.
+// The code point starting at b[i] (string text: valid UTF-8); i moves past it.
 uint32_t next_code_point(const std::string& b, size_t& i) {
-  const auto c = static_cast<uint8_t>(b[i++]);
-  if (c < 0x80) return c;
-  const int more = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : 1;
-  uint32_t v = c & (more == 1 ? 0x1Fu : more == 2 ? 0x0Fu : 0x07u);
-  for (int k = 0; k < more; ++k) v = v << 6 | (static_cast<uint8_t>(b[i++]) & 0x3Fu);
-  return v;
+  const auto* p = reinterpret_cast<const unsigned char*>(b.data());
+  if (p[i] < 0x80) return p[i++];  // (most of it: the mask walks every token of text)
+  const unicode::Decoded d = unicode::decode_utf8(p + i, p + b.size());
+  i += d.len;
+  return d.cp;
 }
 
 // Whether b, inside a JSON string, is text that leaves the string open and needs nothing after it.
@@ -112,12 +111,17 @@ namespace {
 
 // Whether t is whitespace (at most kMaxSpaces bytes) and then the tool-call block's opening text:
 // 2 when the opening is whole, 1 when t ends inside it (or before it), 0 when t is neither.
-int opener_fits(std::string_view t) {
+// t is a + b, read in place (the mask asks this of every token while undecided).
+int opener_fits(std::string_view a, std::string_view b) {
   const std::string_view o = kToolCallsOpenText;
-  for (size_t p = 0; p <= t.size() && p <= static_cast<size_t>(JsonGrammarState::kMaxSpaces); ++p) {
-    const size_t m = std::min(t.size() - p, o.size());
-    if (t.compare(p, m, o, 0, m) == 0) return t.size() - p >= o.size() ? 2 : 1;
-    if (p == t.size() || (t[p] != ' ' && t[p] != '\t' && t[p] != '\n' && t[p] != '\r')) break;
+  const size_t n = a.size() + b.size();
+  auto at = [&](size_t k) { return k < a.size() ? a[k] : b[k - a.size()]; };
+  for (size_t p = 0; p <= n && p <= static_cast<size_t>(JsonGrammarState::kMaxSpaces); ++p) {
+    const size_t m = std::min(n - p, o.size());
+    size_t k = 0;
+    while (k < m && at(p + k) == o[k]) ++k;
+    if (k == m) return n - p >= o.size() ? 2 : 1;
+    if (p == n || (at(p) != ' ' && at(p) != '\t' && at(p) != '\n' && at(p) != '\r')) break;
   }
   return 0;
 }
@@ -126,7 +130,7 @@ int opener_fits(std::string_view t) {
 
 bool JsonConstraint::answer_allows(std::string_view bytes) const {
   if (free_) return true;
-  if (undecided() && opener_fits(lead_ + std::string(bytes)) > 0) return true;
+  if (undecided() && opener_fits(lead_, bytes) > 0) return true;
   if (!json_ok_) return false;
   JsonGrammarState j = json_;
   return j.push(bytes);
@@ -136,7 +140,7 @@ void JsonConstraint::answer_push(std::string_view bytes) {
   if (free_) return;
   if (undecided()) {
     lead_ += bytes;
-    const int o = opener_fits(lead_);
+    const int o = opener_fits(lead_, {});
     if (o == 2) {
       free_ = true;
       return;
@@ -212,7 +216,7 @@ bool JsonConstraint::allows(int32_t id) const {
     return ends == 0 || reasoning_allows(b, from);
   }
   if (id == v.eos_ || b.empty()) return false;
-  if (undecided() && opener_fits(lead_ + b) > 0) return true;  // the tool-call block's opening, markup included
+  if (undecided() && opener_fits(lead_, b) > 0) return true;  // the tool-call block's opening, markup included
   if (kind != JsonVocab::Plain || !json_ok_) return false;
   JsonGrammarState j = json_;
   if (!j.push(b)) return false;

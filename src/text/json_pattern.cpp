@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "text/json_grammar.h"
+#include "text/unicode.h"
 
 namespace dsv4 {
 
@@ -329,14 +330,12 @@ struct PatternCompiler {
 
 JsonPattern JsonPattern::compile(std::string_view re, const std::string& path) {
   PatternCompiler c{{}, 0, path, 0, {}};
-  // UTF-8 to code points (schemas come from parsed JSON: valid UTF-8).
-  for (size_t k = 0; k < re.size();) {
-    const auto b = static_cast<uint8_t>(re[k]);
-    const int n = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
-    uint32_t v = n == 1 ? b : n == 2 ? b & 0x1F : n == 3 ? b & 0x0F : b & 0x07;
-    for (int j = 1; j < n && k + static_cast<size_t>(j) < re.size(); ++j) v = v << 6 | (static_cast<uint8_t>(re[k + j]) & 0x3F);
-    c.cp.push_back(v);
-    k += static_cast<size_t>(n);
+  const auto* at = reinterpret_cast<const unsigned char*>(re.data());
+  for (const auto* end = at + re.size(); at < end;) {
+    const unicode::Decoded d = unicode::decode_utf8(at, end);
+    if (d.cp == unicode::kInvalid) c.refuse("is not valid UTF-8");
+    c.cp.push_back(d.cp);
+    at += d.len;
   }
   // ^ and $ only around the whole pattern; unanchored ends take anything.
   const bool head = !c.cp.empty() && c.cp.front() == '^';
