@@ -50,6 +50,20 @@ ApiError api_error(const Error& e) {
   return ApiError(s, type, e.what());
 }
 
+// Anthropic's error bodies on its endpoints, OpenAI's elsewhere.
+bool anthropic_path(const std::string& path) { return path == "/v1/messages" || path == "/v1/messages/count_tokens"; }
+
+// The endpoint a request counts under in /metrics: a route, "/v1/responses/{id}", or "other"
+// (raw paths would let any client add label values without bound).
+std::string endpoint_label(const std::string& path) {
+  static const char* const kRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
+                                        "/v1/messages", "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics"};
+  for (const char* r : kRoutes)
+    if (path == r) return path;
+  if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
+  return "other";
+}
+
 // SO_SNDBUF of an event stream's connection (Linux doubles it for its bookkeeping).
 constexpr int kStreamSendBuffer = 64 << 10;
 
@@ -62,6 +76,7 @@ struct HttpServer::Impl {
   ServerOptions opt;
   Metrics metrics;
   ToolCallStore store;
+  ResponseStore responses;  // /v1/responses kept for previous_response_id
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Scheduler> sched;
   std::atomic<bool> ready{false};
@@ -135,7 +150,7 @@ struct HttpServer::Impl {
       lim.max_n = opt.scheduler.max_batch;
       lim.default_max_tokens = opt.default_max_tokens;
       const ModelFacts facts{engine->tokenizer(), engine->info().context, engine->info().vocab};
-      st->req = parse_request(api, req.body, facts, lim, &store);
+      st->req = parse_request(api, req.body, facts, lim, &store, &responses);
     } catch (const ApiError& e) {
       return send_error(res, e, anthropic);
     } catch (const Error& e) {
@@ -148,7 +163,7 @@ struct HttpServer::Impl {
     } catch (const Error& e) {
       return send_error(res, api_error(e), anthropic);
     }
-    st->resp = make_responder(st->req, engine->tokenizer(), store);
+    st->resp = make_responder(st->req, engine->tokenizer(), store, &responses);
     const auto timeout = std::chrono::seconds(opt.timeout_s);
 
     if (!st->req.stream) {
@@ -202,7 +217,7 @@ struct HttpServer::Impl {
     Metrics* const counts = &metrics;  // outlives the listener's threads, hence every stream
     res.set_chunked_content_provider(
         "text/event-stream",
-        [st, anthropic, timeout_s, stall_s, quiet, who, counts](size_t, httplib::DataSink& sink) {
+        [st, timeout_s, stall_s, quiet, who, counts](size_t, httplib::DataSink& sink) {
           // A failed write means the client left or took nothing for stall_s (cpp-httplib's
           // write timeout): either way its job is cancelled, freed before the next step.
           auto write = [&](const std::string& s) {
@@ -227,12 +242,11 @@ struct HttpServer::Impl {
           for (;;) {
             if (!st->job->next(e, std::chrono::milliseconds(1000))) {
               // Keep-alive while a long prompt is read; a failed write means the client left.
-              const std::string ping = anthropic ? sse_event("ping", R"({"type":"ping"})") : ": keep-alive\n\n";
-              if (!write(ping)) return false;
+              if (!write(st->resp->keep_alive())) return false;
               if (Clock::now() - st->t0 > std::chrono::seconds(timeout_s)) {
                 st->job->cancel();
                 const ApiError err(504, "timeout", "the request took longer than the server's timeout");
-                write(anthropic ? sse_event("error", anthropic_error_body(err)) : sse(error_body(err)));
+                write(st->resp->failed(err));
                 sink.done();
                 return true;
               }
@@ -240,7 +254,7 @@ struct HttpServer::Impl {
             }
             if (e.kind == Event::Failed) {
               const ApiError err = api_error(e.error);
-              write(anthropic ? sse_event("error", anthropic_error_body(err)) : sse(error_body(err)));
+              write(st->resp->failed(err));
               sink.done();
               return true;
             }
@@ -257,10 +271,55 @@ struct HttpServer::Impl {
         });
   }
 
+  // /v1/messages/count_tokens and /v1/responses/input_tokens: the prompt a request would
+  // render, counted (what agents check against the context before they send).
+  void count_tokens(const httplib::Request& req, httplib::Response& res, Api api) {
+    busy(req);
+    const bool anthropic = api == Api::Anthropic;
+    if (!ready) return send_error(res, ApiError(503, "overloaded_error", "the model is loading"), anthropic);
+    ParsedRequest r;
+    try {
+      RequestLimits lim;
+      lim.count_only = true;
+      const ModelFacts facts{engine->tokenizer(), engine->info().context, engine->info().vocab};
+      r = parse_request(api, req.body, facts, lim, &store, &responses);
+    } catch (const ApiError& e) {
+      return send_error(res, e, anthropic);
+    } catch (const Error& e) {
+      return send_error(res, api_error(e), anthropic);
+    }
+    ojson out = {{"input_tokens", r.gen.prompt.size()}};
+    if (!anthropic) out = {{"object", "response.input_tokens"}, {"input_tokens", r.gen.prompt.size()}};
+    res.set_content(out.dump(), "application/json");
+  }
+
+  // GET / DELETE /v1/responses/{id}: a kept response, or a 404.
+  void kept_response(const httplib::Request& req, httplib::Response& res, bool erase) {
+    busy(req);
+    const std::string id = req.matches[1];
+    const ApiError missing(404, "invalid_request_error", "No response with id '" + id + "' found (kept responses are "
+                           "in memory only, the oldest forgotten first).", "", "not_found");
+    if (erase) {
+      if (!responses.erase(id)) return send_error(res, missing, false);
+      res.set_content(ojson{{"id", id}, {"object", "response"}, {"deleted", true}}.dump(), "application/json");
+      return;
+    }
+    auto p = responses.get(id);
+    if (!p) return send_error(res, missing, false);
+    res.set_content(p->response.dump(), "application/json");
+  }
+
   void routes() {
     svr.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Api::OpenAiChat); });
     svr.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Api::OpenAiCompletion); });
+    svr.Post("/v1/responses", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Api::OpenAiResponses); });
+    svr.Post("/v1/responses/input_tokens",
+             [this](const httplib::Request& q, httplib::Response& r) { count_tokens(q, r, Api::OpenAiResponses); });
+    svr.Get(R"(/v1/responses/([^/]+))", [this](const httplib::Request& q, httplib::Response& r) { kept_response(q, r, false); });
+    svr.Delete(R"(/v1/responses/([^/]+))", [this](const httplib::Request& q, httplib::Response& r) { kept_response(q, r, true); });
     svr.Post("/v1/messages", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Api::Anthropic); });
+    svr.Post("/v1/messages/count_tokens",
+             [this](const httplib::Request& q, httplib::Response& r) { count_tokens(q, r, Api::Anthropic); });
     svr.Get("/v1/models", [this](const httplib::Request& q, httplib::Response& r) {
       busy(q);
       ojson m = {{"id", model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "dsv4"}};
@@ -304,7 +363,7 @@ struct HttpServer::Impl {
       if (req.path.rfind("/v1/", 0) == 0 && !authorized(req)) {
         busy(req);
         send_error(res, ApiError(401, "authentication_error", "a valid API key is required (Authorization: Bearer KEY or x-api-key)"),
-                   req.path == "/v1/messages");
+                   anthropic_path(req.path));
         return httplib::Server::HandlerResponse::Handled;
       }
       return httplib::Server::HandlerResponse::Unhandled;
@@ -320,7 +379,7 @@ struct HttpServer::Impl {
                         : res.status == 413 ? "the request body exceeds the server's limit (" + std::to_string(opt.max_body_bytes) + " bytes)"
                                             : "bad request";
       send_error(res, ApiError(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", msg),
-                 req.path == "/v1/messages");
+                 anthropic_path(req.path));
     });
     svr.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
       std::string what = "internal error";
@@ -330,11 +389,11 @@ struct HttpServer::Impl {
         what = std::string("internal error: ") + e.what();
       } catch (...) {
       }
-      send_error(res, ApiError(500, "server_error", what), req.path == "/v1/messages");
+      send_error(res, ApiError(500, "server_error", what), anthropic_path(req.path));
     });
     svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
       if (deadline) deadline->leave(peer(req));
-      metrics.request_done(req.path, res.status);
+      metrics.request_done(endpoint_label(req.path), res.status);
       if (opt.quiet) return;
       std::fprintf(stderr, "%s %s %d %s\n", req.method.c_str(), req.path.c_str(), res.status, req.remote_addr.c_str());
     });

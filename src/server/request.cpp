@@ -1,8 +1,11 @@
 #include "server/request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
+#include "server/request_parts.h"
+#include "server/responses_api.h"
 #include "text/json_grammar.h"
 
 namespace dsv4::server {
@@ -32,61 +35,46 @@ std::string anthropic_error_body(const ApiError& e) {
                                                                                         ojson::error_handler_t::replace);
 }
 
-namespace {
-
-const char* type_of(const ojson& v) { return v.type_name(); }
-
-// Typed field readers: absent or null -> the default; a wrong type is a 400 naming the field.
-struct Fields {
-  const ojson& obj;
-  std::string prefix;
-  std::string name(const char* k) const { return prefix + k; }
-  const ojson* get(const char* k) const {
-    auto it = obj.find(k);
-    return it == obj.end() || it->is_null() ? nullptr : &*it;
-  }
-  double number(const char* k, double def, double lo, double hi) const {
-    const ojson* v = get(k);
-    if (!v) return def;
-    if (!v->is_number()) bad_request(name(k), std::string("must be a number, got ") + type_of(*v));
-    const double x = v->get<double>();
-    if (!(x >= lo && x <= hi) || !std::isfinite(x))
-      bad_request(name(k), "must be in [" + fmt(lo) + ", " + fmt(hi) + "], got " + fmt(x));
-    return x;
-  }
-  int64_t integer(const char* k, int64_t def, int64_t lo, int64_t hi) const {
-    const ojson* v = get(k);
-    if (!v) return def;
-    if (!v->is_number_integer()) bad_request(name(k), std::string("must be an integer, got ") + type_of(*v));
-    // Unsigned values beyond int64 are out of range too.
-    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi))
-      bad_request(name(k), "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    const int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi)
-      bad_request(name(k), "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(x));
-    return x;
-  }
-  bool boolean(const char* k, bool def) const {
-    const ojson* v = get(k);
-    if (!v) return def;
-    if (!v->is_boolean()) bad_request(name(k), std::string("must be a boolean, got ") + type_of(*v));
-    return v->get<bool>();
-  }
-  std::string string(const char* k, const std::string& def) const {
-    const ojson* v = get(k);
-    if (!v) return def;
-    if (!v->is_string()) bad_request(name(k), std::string("must be a string, got ") + type_of(*v));
-    return v->get<std::string>();
-  }
-  static std::string fmt(double x) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%g", x);
-    return b;
-  }
-};
+const ojson* Fields::get(const char* k) const {
+  auto it = obj.find(k);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+double Fields::number(const char* k, double def, double lo, double hi) const {
+  const ojson* v = get(k);
+  if (!v) return def;
+  if (!v->is_number()) bad_request(name(k), std::string("must be a number, got ") + type_of(*v));
+  const double x = v->get<double>();
+  if (!(x >= lo && x <= hi) || !std::isfinite(x))
+    bad_request(name(k), "must be in [" + fmt(lo) + ", " + fmt(hi) + "], got " + fmt(x));
+  return x;
+}
+int64_t Fields::integer(const char* k, int64_t def, int64_t lo, int64_t hi) const {
+  const ojson* v = get(k);
+  if (!v) return def;
+  if (!v->is_number_integer()) bad_request(name(k), std::string("must be an integer, got ") + type_of(*v));
+  // Unsigned values beyond int64 are out of range too.
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi))
+    bad_request(name(k), "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi)
+    bad_request(name(k), "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(x));
+  return x;
+}
+bool Fields::boolean(const char* k, bool def) const {
+  const ojson* v = get(k);
+  if (!v) return def;
+  if (!v->is_boolean()) bad_request(name(k), std::string("must be a boolean, got ") + type_of(*v));
+  return v->get<bool>();
+}
+std::string Fields::string(const char* k, const std::string& def) const {
+  const ojson* v = get(k);
+  if (!v) return def;
+  if (!v->is_string()) bad_request(name(k), std::string("must be a string, got ") + type_of(*v));
+  return v->get<std::string>();
+}
 
 // "stop": a string or a list of strings (at most 16, none empty).
-std::vector<std::string> stop_list(const Fields& f, const char* key) {
+static std::vector<std::string> stop_list(const Fields& f, const char* key) {
   std::vector<std::string> out;
   const ojson* v = f.get(key);
   if (!v) return out;
@@ -127,8 +115,39 @@ void read_sampling(const Fields& f, ParsedRequest& r) {
   r.gen.n = static_cast<int>(f.integer("n", 1, 1, 1 << 20));
 }
 
+bool read_thinking(const Fields& f, bool def) {
+  bool thinking = def;
+  if (const ojson* t = f.get("thinking")) {
+    if (!t->is_object()) bad_request("thinking", "must be an object");
+    const std::string type = Fields{*t, "thinking."}.string("type", def ? "enabled" : "");
+    if (type != "enabled" && type != "disabled") bad_request("thinking.type", "must be enabled or disabled, got '" + type + "'");
+    thinking = type == "enabled";
+  }
+  if (const ojson* k = f.get("chat_template_kwargs")) {
+    if (!k->is_object()) bad_request("chat_template_kwargs", "must be an object");
+    thinking = Fields{*k, "chat_template_kwargs."}.boolean("thinking", thinking);
+  }
+  return thinking;
+}
+
+std::string render_messages(const ojson& rendered, const ChatOptions& co, const std::string& note) {
+  try {
+    return render_chat(rendered, co);
+  } catch (const Error& e) {
+    bad_request("messages", std::string(e.what()) + note);
+  }
+}
+
+void compile_schema(ParsedRequest& r, const ojson& schema, const std::string& where) {
+  try {
+    r.gen.json = JsonGrammar::compile(schema, where);
+  } catch (const SchemaError& e) {
+    bad_request(e.path, e.why);
+  }
+}
+
 // Text of a message content: a string, or a list of {"type": "text", "text": ...} parts.
-std::string content_text(const ojson& c, const std::string& where) {
+std::string content_text(const ojson& c, const std::string& where, const std::vector<std::string>& text_types) {
   if (c.is_string()) return c.get<std::string>();
   if (!c.is_array()) bad_request(where, std::string("must be a string or a list of text parts, got ") + type_of(c));
   std::string out;
@@ -138,7 +157,8 @@ std::string content_text(const ojson& c, const std::string& where) {
     if (!p.is_object()) bad_request(w, "must be an object");
     auto t = p.find("type");
     if (t == p.end() || !t->is_string()) bad_request(w + ".type", "is required");
-    if (*t != "text") bad_request(w + ".type", "only text parts are supported, got '" + t->get<std::string>() + "'");
+    if (std::find(text_types.begin(), text_types.end(), t->get<std::string>()) == text_types.end())
+      bad_request(w + ".type", "only text parts (" + text_types[0] + ") are supported, got '" + t->get<std::string>() + "'");
     auto x = p.find("text");
     if (x == p.end() || !x->is_string()) bad_request(w + ".text", "must be a string");
     out += x->get<std::string>();
@@ -165,7 +185,7 @@ void check_tools(const ojson& tools, const std::string& where) {
 
 // The chat's messages in the form render_chat takes, with the tools put on the system message
 // (the official encoding lists them in the first system turn; one is added when there is none).
-ojson chat_messages(const ojson& in, const ojson& tools, const ToolCallStore* store, const ojson& schema = nullptr) {
+ojson chat_messages(const ojson& in, const ojson& tools, const ToolCallStore* store, const ojson& schema) {
   if (!in.is_array()) bad_request("messages", std::string("must be a list, got ") + type_of(in));
   if (in.empty()) bad_request("messages", "must not be empty");
   ojson out = ojson::array();
@@ -220,7 +240,7 @@ ojson chat_messages(const ojson& in, const ojson& tools, const ToolCallStore* st
 
 // JSON text is UTF-8 (RFC 8259); nlohmann's parser passes invalid bytes inside strings through,
 // so they are refused here, before anything renders or echoes them.
-void check_utf8(const std::string& s) {
+static void check_utf8(const std::string& s) {
   size_t i = 0;
   const size_t n = s.size();
   while (i < n) {
@@ -246,11 +266,11 @@ void check_utf8(const std::string& s) {
 // parameters): a body of ~100 KB of '[' inside a tool overflowed the handling thread's stack and
 // killed the server, well under the 8 MB body limit. Deeper nesting than any real request needs
 // (a tool schema of ~60 nested objects) is refused before parsing.
-constexpr int kMaxJsonDepth = 128;
+static constexpr int kMaxJsonDepth = 128;
 
 // Depth of [ and { outside strings; exact for valid JSON (what the parser would accept), and
 // anything else the parser refuses anyway.
-void check_depth(const std::string& s) {
+static void check_depth(const std::string& s) {
   int depth = 0;
   bool in_string = false;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -297,6 +317,7 @@ void tokenize_prompt(ParsedRequest& r, const ModelFacts& model, const RequestLim
   const int64_t ctx = model.context;
   const int64_t n = static_cast<int64_t>(r.gen.prompt.size());
   if (n == 0) bad_request("prompt", "must not be empty");
+  if (lim.count_only) return;
   if (n >= ctx)
     bad_request(r.chat ? "messages" : "prompt", "the prompt has " + std::to_string(n) + " tokens; the context is " + std::to_string(ctx) +
                                 " (no room to generate)");
@@ -326,7 +347,7 @@ void read_logit_bias(const Fields& f, ParsedRequest& r, int64_t vocab) {
 }
 
 // What both OpenAI endpoints read alike: model, stream (+ usage), sampling, n.
-void read_openai_common(const Fields& f, ParsedRequest& r, const RequestLimits& lim) {
+static void read_openai_common(const Fields& f, ParsedRequest& r, const RequestLimits& lim) {
   r.model = f.string("model", "");
   r.stream = f.boolean("stream", false);
   if (const ojson* so = f.get("stream_options")) {
@@ -350,7 +371,7 @@ void json_beside_tools(ParsedRequest& r, bool call_forced) {
 // (an object of the schema). Either is enforced (engine/json_constraint.h). Returns the schema
 // (null for the others): a chat prompt shows it to the model in the system message's Response
 // Format section.
-ojson read_response_format(const Fields& f, ParsedRequest& r) {
+static ojson read_response_format(const Fields& f, ParsedRequest& r) {
   const ojson* rf = f.get("response_format");
   if (!rf) return nullptr;
   if (!rf->is_object()) bad_request("response_format", "must be an object");
@@ -363,11 +384,7 @@ ojson read_response_format(const Fields& f, ParsedRequest& r) {
     if (!js || !js->is_object()) bad_request("response_format.json_schema", "is required: {name, schema}");
     const ojson* sc = Fields{*js, "response_format.json_schema."}.get("schema");
     if (!sc) bad_request("response_format.json_schema.schema", "is required");
-    try {
-      r.gen.json = JsonGrammar::compile(*sc, "response_format.json_schema.schema");
-    } catch (const SchemaError& e) {
-      bad_request(e.path, e.why);
-    }
+    compile_schema(r, *sc, "response_format.json_schema.schema");
     return *sc;
   } else if (t != "text") {
     bad_request("response_format.type", "must be text, json_object or json_schema, got '" + t + "'");
@@ -375,7 +392,7 @@ ojson read_response_format(const Fields& f, ParsedRequest& r) {
   return nullptr;
 }
 
-void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim,
+static void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim,
                        const ToolCallStore* store) {
   Fields f{j, ""};
   read_openai_common(f, r, lim);
@@ -385,18 +402,7 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
   if (top >= 0 && !r.logprobs) bad_request("top_logprobs", "needs logprobs: true");
   r.gen.top_logprobs = r.logprobs ? static_cast<int>(std::max<int64_t>(top, 0)) : -1;
   const ojson schema = read_response_format(f, r);
-  // Thinking: on by default; `thinking: {type}` or `chat_template_kwargs: {thinking}` switch it.
-  bool thinking = true;
-  if (const ojson* t = f.get("thinking")) {
-    if (!t->is_object()) bad_request("thinking", "must be an object");
-    const std::string type = Fields{*t, "thinking."}.string("type", "enabled");
-    if (type != "enabled" && type != "disabled") bad_request("thinking.type", "must be enabled or disabled, got '" + type + "'");
-    thinking = type == "enabled";
-  }
-  if (const ojson* k = f.get("chat_template_kwargs")) {
-    if (!k->is_object()) bad_request("chat_template_kwargs", "must be an object");
-    thinking = Fields{*k, "chat_template_kwargs."}.boolean("thinking", thinking);
-  }
+  const bool thinking = read_thinking(f, true);  // on by default, as in DeepSeek's API
   r.mode = thinking ? ChatMode::Thinking : ChatMode::Chat;
   r.gen.reasoning_first = thinking;
   ChatOptions co;
@@ -449,20 +455,17 @@ void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts& model
   const ojson* msgs = f.get("messages");
   if (!msgs) bad_request("messages", "is required");
   const ojson rendered = chat_messages(*msgs, r.tools, store, schema);
-  try {
-    r.prompt_text = render_chat(rendered, co);
-  } catch (const Error& e) {
-    // The renderer's indices are of the list it got: one more than the client's when a system
-    // message was put first to carry the tools.
-    const bool shifted = rendered.size() != msgs->size();
-    bad_request("messages", std::string(e.what()) + (shifted ? " (counting a system message added first for the tools or the response format)" : ""));
-  }
+  // The renderer's indices are of the list it got: one more than the client's when a system
+  // message was put first to carry the tools.
+  const bool shifted = rendered.size() != msgs->size();
+  r.prompt_text = render_messages(
+      rendered, co, shifted ? " (counting a system message added first for the tools or the response format)" : "");
   if (forced_any) r.forced_prefix = forced_call_prefix(forced);
   const int64_t mt = f.integer("max_completion_tokens", f.integer("max_tokens", 0, 1, 1 << 30), 1, 1 << 30);
   tokenize_prompt(r, model, lim, f.get("max_completion_tokens") ? "max_completion_tokens" : "max_tokens", mt);
 }
 
-void parse_openai_completion(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim) {
+static void parse_openai_completion(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim) {
   Fields f{j, ""};
   r.chat = false;
   read_openai_common(f, r, lim);
@@ -499,7 +502,7 @@ void parse_openai_completion(const ojson& j, ParsedRequest& r, const ModelFacts&
 }
 
 // Anthropic Messages -> OpenAI-format messages for the same renderer.
-void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim,
+static void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim,
                      const ToolCallStore* store) {
   Fields f{j, ""};
   r.model = f.string("model", "");
@@ -511,7 +514,7 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, 
   s.top_k = f.integer("top_k", 0, 0, 1 << 30);
   s.seed = std::random_device{}() * 0x100000000ull + std::random_device{}();
   r.gen.stop = stop_list(f, "stop_sequences");
-  if (!f.get("max_tokens")) bad_request("max_tokens", "is required");
+  if (!f.get("max_tokens") && !lim.count_only) bad_request("max_tokens", "is required");
   const int64_t max_tokens = f.integer("max_tokens", 0, 1, 1 << 30);
   // Thinking is off unless asked for, as in Anthropic's API.
   bool thinking = false;
@@ -579,11 +582,7 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, 
     if (type != "json_schema") bad_request(where + ".type", "must be json_schema, got '" + type + "'");
     const ojson* sc = ff.get("schema");
     if (!sc) bad_request(where + ".schema", "is required");
-    try {
-      r.gen.json = JsonGrammar::compile(*sc, where + ".schema");
-    } catch (const SchemaError& e) {
-      bad_request(e.path, e.why);
-    }
+    compile_schema(r, *sc, where + ".schema");
     schema = *sc;
     json_beside_tools(r, forced_any);
   }
@@ -644,27 +643,22 @@ void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& model, 
   }
   ChatOptions co;
   co.mode = r.mode;
-  const ojson rendered = chat_messages(msgs, r.tools, store, schema);
-  try {
-    r.prompt_text = render_chat(rendered, co);
-  } catch (const Error& e) {
-    // The renderer's indices are of the converted list (system first, a tool_result block a
-    // message of its own), not of the client's messages.
-    bad_request("messages", std::string(e.what()) + " (in the conversation as converted to OpenAI messages)");
-  }
+  // The renderer's indices are of the converted list (system first, a tool_result block a
+  // message of its own), not of the client's messages.
+  r.prompt_text = render_messages(chat_messages(msgs, r.tools, store, schema), co,
+                                  " (in the conversation as converted to OpenAI messages)");
   if (forced_any) r.forced_prefix = forced_call_prefix(forced);
   tokenize_prompt(r, model, lim, "max_tokens", max_tokens);
 }
 
-}  // namespace
-
 ParsedRequest parse_request(Api api, const std::string& body, const ModelFacts& model, const RequestLimits& lim,
-                            const ToolCallStore* store) {
+                            const ToolCallStore* store, const ResponseStore* responses) {
   const ojson j = parse_json(body);
   ParsedRequest r;
   r.api = api;
   if (api == Api::OpenAiChat) parse_openai_chat(j, r, model, lim, store);
   if (api == Api::OpenAiCompletion) parse_openai_completion(j, r, model, lim);
+  if (api == Api::OpenAiResponses) parse_openai_responses(j, r, model, lim, store, responses);
   if (api == Api::Anthropic) parse_anthropic(j, r, model, lim, store);
   return r;
 }

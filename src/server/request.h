@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "server/response_store.h"
 #include "server/scheduler.h"
 #include "server/tool_calls.h"
 #include "text/chat.h"
@@ -29,12 +30,20 @@ struct ApiError : std::runtime_error {
 // A 400 naming the field.
 [[noreturn]] void bad_request(const std::string& param, const std::string& message);
 
-enum class Api { OpenAiChat, OpenAiCompletion, Anthropic };
+enum class Api {
+  OpenAiChat,        // POST /v1/chat/completions
+  OpenAiCompletion,  // POST /v1/completions
+  OpenAiResponses,   // POST /v1/responses (responses_api.h)
+  Anthropic,         // POST /v1/messages
+};
 
 // What the server limits (besides the engine's context and memory budget).
 struct RequestLimits {
   int max_n = 16;                 // choices per request
   int64_t default_max_tokens = 4096;
+  // Only the prompt's tokens are wanted (/v1/messages/count_tokens, /v1/responses/input_tokens):
+  // no max_tokens needed, no check against the context.
+  bool count_only = false;
 };
 
 struct ParsedRequest {
@@ -50,6 +59,13 @@ struct ParsedRequest {
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // OpenAI format
   bool echo = false;             // /v1/completions: prompt text in front of the answer
   std::string prompt_text;
+  // /v1/responses: the conversation as chat messages (earlier turns of previous_response_id
+  // included, the instructions not), the request's settings the response object repeats, and
+  // whether to keep the response (store), the reasoning in encrypted_content too (include).
+  nlohmann::ordered_json conversation;
+  nlohmann::ordered_json settings;
+  bool store_response = false;
+  bool reasoning_in_encrypted_content = false;
 };
 
 // What parsing needs to know of the model, and nothing more: requests can then be parsed (and
@@ -61,9 +77,10 @@ struct ModelFacts {
 };
 
 // Parses and validates a request body for `api`. Throws ApiError. Tool calls sent back with an
-// id in `store` are rendered with the DSML the model sampled for them.
+// id in `store` are rendered with the DSML the model sampled for them; a Responses API
+// previous_response_id is looked up in `responses` (none: a 404).
 ParsedRequest parse_request(Api api, const std::string& body, const ModelFacts& model, const RequestLimits& lim,
-                            const ToolCallStore* store = nullptr);
+                            const ToolCallStore* store = nullptr, const ResponseStore* responses = nullptr);
 
 // OpenAI's error body: {"error": {"message", "type", "param", "code"}}.
 std::string error_body(const ApiError& e);

@@ -2,7 +2,8 @@
 
 #include <chrono>
 
-#include "text/completion_stream.h"
+#include "server/choice_text.h"
+#include "server/responses_api.h"
 
 namespace dsv4::server {
 
@@ -12,51 +13,14 @@ using Kind = CompletionEvent::Kind;
 std::string sse(const std::string& json) { return "data: " + json + "\n\n"; }
 std::string sse_event(const std::string& name, const std::string& json) { return "event: " + name + "\ndata: " + json + "\n\n"; }
 
-namespace {
+std::string Responder::failed(const ApiError& e) { return sse(error_body(e)); }
+std::string Responder::keep_alive() { return ": keep-alive\n\n"; }
 
 int64_t now_s() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// One choice's text split into reasoning, content and tool calls, as events arrive.
-struct ChoiceText {
-  ChoiceText(const ParsedRequest& r, const std::string& id_prefix)
-      : stream(r.mode, r.tools.empty() ? ojson(nullptr) : r.tools), id_prefix(id_prefix) {
-    // A forced tool call: the prompt ended with the opening markup, which the answer continues.
-    if (!r.forced_prefix.empty()) held = stream.feed(r.forced_prefix);
-  }
-  std::vector<CompletionEvent> feed(const std::string& text) { return take(stream.feed(text)); }
-  std::vector<CompletionEvent> finish() { return take(stream.finish()); }
-
-  // Records what the events say (for the non-streamed body) and gives call ids.
-  std::vector<CompletionEvent> take(std::vector<CompletionEvent> ev) {
-    if (!held.empty()) ev.insert(ev.begin(), held.begin(), held.end()), held.clear();
-    for (const auto& e : ev) {
-      if (e.kind == Kind::Reasoning) reasoning += e.text;
-      if (e.kind == Kind::Content) content += e.text;
-      if (e.kind == Kind::ToolCallBegin) calls.push_back({ToolCallStore::new_id(id_prefix), e.text, ""});
-      if (e.kind == Kind::ToolCallArguments) calls[static_cast<size_t>(e.index)].args += e.text;
-    }
-    return ev;
-  }
-  // Remembers the sampled DSML of each call (after finish()).
-  void store(ToolCallStore& s) const {
-    const auto& dsml = stream.result().tool_call_dsml;
-    for (size_t k = 0; k < calls.size() && k < dsml.size(); ++k)
-      if (!dsml[k].empty()) s.put(calls[k].id, dsml[k]);
-  }
-
-  struct Call {
-    std::string id, name, args;
-  };
-  CompletionStream stream;
-  std::string id_prefix;
-  std::vector<CompletionEvent> held;
-  std::string reasoning, content;
-  std::vector<Call> calls;
-  std::string finish_reason;
-  ojson logprobs = ojson::array();
-};
+namespace {
 
 ojson usage_json(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
@@ -338,6 +302,9 @@ class AnthropicMessages : public Responder {
     return sse_event("message_delta", d.dump()) + sse_event("message_stop", R"({"type":"message_stop"})");
   }
 
+  std::string failed(const ApiError& e) override { return sse_event("error", anthropic_error_body(e)); }
+  std::string keep_alive() override { return sse_event("ping", R"({"type":"ping"})"); }
+
   std::string body(const Usage& u) override {
     ojson content = ojson::array();
     for (const auto& b : blocks_) content.push_back(b);
@@ -421,8 +388,10 @@ class AnthropicMessages : public Responder {
 
 }  // namespace
 
-std::unique_ptr<Responder> make_responder(const ParsedRequest& r, const Tokenizer& tok, ToolCallStore& store) {
+std::unique_ptr<Responder> make_responder(const ParsedRequest& r, const Tokenizer& tok, ToolCallStore& store,
+                                          ResponseStore* responses) {
   switch (r.api) {
+    case Api::OpenAiResponses: return make_responses_responder(r, tok, store, responses);
     case Api::OpenAiChat: return std::make_unique<OpenAiChat>(r, tok, store);
     case Api::OpenAiCompletion: return std::make_unique<OpenAiCompletion>(r, tok);
     case Api::Anthropic: return std::make_unique<AnthropicMessages>(r, store);

@@ -21,12 +21,20 @@ class Responder {
   virtual std::string end(const Usage& u) = 0;
   // Non-streaming: the body once Done arrived (the events were given to event() as they came).
   virtual std::string body(const Usage& u) = 0;
+  // Streaming: the SSE text that ends a stream which failed after it began, and the keep-alive
+  // sent while nothing else is (OpenAI's error body and an SSE comment unless overridden).
+  virtual std::string failed(const ApiError& e);
+  virtual std::string keep_alive();
 };
 
-std::unique_ptr<Responder> make_responder(const ParsedRequest& r, const Tokenizer& tok, ToolCallStore& store);
+// `responses`: where a Responses API answer is kept when its request asks (store).
+std::unique_ptr<Responder> make_responder(const ParsedRequest& r, const Tokenizer& tok, ToolCallStore& store,
+                                          ResponseStore* responses = nullptr);
 
 // "data: <json>\n\n" (and Anthropic's "event: <name>\n" line).
 std::string sse(const std::string& json);
 std::string sse_event(const std::string& name, const std::string& json);
+// Seconds since the epoch (the answers' "created").
+int64_t now_s();
 
 }  // namespace dsv4::server

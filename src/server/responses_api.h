@@ -1,0 +1,26 @@
+#pragma once
+// OpenAI's Responses API (`POST /v1/responses`), the interface OpenAI's own agents (Codex, the
+// Agents SDK) speak. The request's input items become chat messages for the same V4 encoding as
+// /v1/chat/completions (a conversation sent either way renders the same prompt, so the prefix
+// cache serves both); the answer comes back as output items (reasoning, message, function_call)
+// in one response object, or as the API's typed stream events (response.created ...
+// response.completed). Responses are kept for previous_response_id when the request says `store`
+// (response_store.h).
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "server/request.h"
+#include "server/response.h"
+
+namespace dsv4::server {
+
+// Fills `r` from a /v1/responses body (ApiError on bad input, naming the field).
+void parse_openai_responses(const nlohmann::ordered_json& j, ParsedRequest& r, const ModelFacts& model,
+                            const RequestLimits& lim, const ToolCallStore* calls, const ResponseStore* kept);
+
+// The answer's formatter; keeps the response in `kept` at its end when r.store_response.
+std::unique_ptr<Responder> make_responses_responder(const ParsedRequest& r, const Tokenizer& tok, ToolCallStore& calls,
+                                                    ResponseStore* kept);
+
+}  // namespace dsv4::server
