@@ -229,7 +229,9 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
   if (!previous.empty()) {
     auto p = kept ? kept->get(previous) : nullptr;
     if (!p)
-      throw ApiError(404, "invalid_request_error", "Previous response with id '" + previous + "' not found.",
+      throw ApiError(404, "invalid_request_error",
+                     "'previous_response_id': no response with id '" + previous + "' is kept (kept responses are in "
+                     "memory only, the oldest forgotten first; send the whole conversation as input instead)",
                      "previous_response_id", "previous_response_not_found");
     conversation = p->conversation;
   }
@@ -274,8 +276,8 @@ class OpenAiResponses : public Responder {
   }
 
   std::string start() override {
-    return emit("response.created", {{"response", object("in_progress", nullptr)}}) +
-           emit("response.in_progress", {{"response", object("in_progress", nullptr)}});
+    std::string out = emit("response.created", {{"response", object("in_progress", nullptr)}});
+    return out + emit("response.in_progress", {{"response", object("in_progress", nullptr)}});  // numbered in order
   }
 
   std::string event(const Event& e) override {

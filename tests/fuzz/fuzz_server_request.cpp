@@ -130,7 +130,8 @@ void check_sse(const std::string& text) {
 
 void format_answer(const ParsedRequest& r, unsigned variant, uint32_t seed) {
   dsv4::server::ToolCallStore store;
-  auto resp = dsv4::server::make_responder(r, tokenizer(), store);
+  dsv4::server::ResponseStore kept;
+  auto resp = dsv4::server::make_responder(r, tokenizer(), store, &kept);
   require(resp != nullptr, "no responder");
   std::string sse = r.stream ? resp->start() : "";
   // Sampled ids: the prompt's (in the vocabulary), and every third one the model's last id,
@@ -165,12 +166,19 @@ void format_answer(const ParsedRequest& r, unsigned variant, uint32_t seed) {
     const std::string out = resp->event(fin);
     if (r.stream) sse += out;
   }
+  std::string id;
   if (r.stream) {
     sse += resp->end(usage);
     check_sse(sse);
   } else {
     const ojson body = ojson::parse(resp->body(usage), nullptr, false);
     require(body.is_object(), "the answer body is not a JSON object");
+    if (r.api == Api::OpenAiResponses) id = body.value("id", "");
+  }
+  // A kept response holds the conversation and the answer, for previous_response_id.
+  if (!id.empty() && r.store_response) {
+    auto k = kept.get(id);
+    require(k && k->conversation.is_array() && k->conversation.back().value("role", "") == "assistant", "response not kept");
   }
 }
 
@@ -214,9 +222,12 @@ void check_parsed(const ParsedRequest& r, Api api, const dsv4::server::RequestLi
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
+  // The first byte picks the endpoint: 0xC0 and up /v1/responses (its low bits the answer's
+  // variant), below that the other three in turn (as the corpus was written before it).
   const Api apis[] = {Api::OpenAiChat, Api::OpenAiCompletion, Api::Anthropic};
-  const Api api = apis[data[0] % 3];
-  const unsigned variant = data[0] / 3;
+  const bool responses = data[0] >= 0xC0;
+  const Api api = responses ? Api::OpenAiResponses : apis[data[0] % 3];
+  const unsigned variant = responses ? data[0] & 0x3Fu : data[0] / 3u;
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
   const dsv4::Tokenizer& tok = tokenizer();
   const dsv4::server::ModelFacts facts{tok, kContext, tok.vocab_size() + kVocabPadding};
@@ -226,12 +237,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A call id the server answered earlier: messages that send it back render with its DSML.
   dsv4::server::ToolCallStore store;
   store.put("call_known", known_call_dsml());
+  // A response kept earlier: previous_response_id "resp_known" continues its conversation.
+  dsv4::server::ResponseStore kept;
+  kept.put("resp_known", {ojson::object(), ojson::parse(R"([{"role":"user","content":"Hi"},
+    {"role":"assistant","content":"","reasoning_content":"greet","tool_calls":[{"id":"call_known","type":"function",
+    "function":{"name":"get_weather","arguments":"{\"location\":\"Paris\"}"}}]}])")});
   ParsedRequest r;
   try {
-    r = dsv4::server::parse_request(api, body, facts, lim, &store);
+    r = dsv4::server::parse_request(api, body, facts, lim, &store, &kept);
   } catch (const ApiError& e) {
-    if (verbose()) std::fprintf(stderr, "400 %s\n", e.what());
-    require(e.status == 400 && e.type == "invalid_request_error", "an ApiError other than 400");
+    if (verbose()) std::fprintf(stderr, "%d %s\n", e.status, e.what());
+    // 404: a previous_response_id that is not kept.
+    require((e.status == 400 || (e.status == 404 && api == Api::OpenAiResponses)) && e.type == "invalid_request_error",
+            "an ApiError other than 400");
     // The error bodies echo parts of the input: they must still be JSON.
     require(!ojson::parse(dsv4::server::error_body(e), nullptr, false).is_discarded(), "error body is not JSON");
     require(!ojson::parse(dsv4::server::anthropic_error_body(e), nullptr, false).is_discarded(), "error body is not JSON");
