@@ -54,6 +54,13 @@ test('system prompt, multi-turn and tool results are accepted', async () => {
   });
   const full = await client.messages.create(r);
   assert.ok(full.usage.input_tokens + (full.usage.cache_read_input_tokens || 0) > 20);
+  // count_tokens (what coding agents ask before sending) counts the prompt the request renders;
+  // it needs no max_tokens.
+  const { max_tokens, temperature, ...countable } = r;
+  const counted = await client.messages.countTokens(countable);
+  assert.strictEqual(counted.input_tokens, full.usage.input_tokens + (full.usage.cache_read_input_tokens || 0));
+  await assert.rejects(client.messages.countTokens({ model: 'demo', messages: [{ role: 'tool', content: 'x' }] }),
+    (e) => e.status === 400 && e.error?.type === 'error' && /role/.test(e.message));
 });
 
 test('a wrong API key is refused with 401', async () => {

@@ -1,0 +1,109 @@
+// dsv4 serve's Responses API (/v1/responses) driven by the official `openai` npm client: the
+// answer whole == the SDK's own accumulation of the event stream (which checks every event
+// against the items it names); the same conversation through chat completions gives the same
+// text; previous_response_id == sending the conversation whole, from the prefix cache; kept
+// responses retrieved and deleted; structured output; counting input tokens; refusals.
+const test = require('node:test');
+const assert = require('node:assert');
+const { OpenAI } = require('openai');
+const { startServer } = require('./harness.cjs');
+
+let srv, client;
+test.before(async () => {
+  srv = await startServer(['--max-batch', '4']);
+  client = new OpenAI({ baseURL: srv.base, apiKey: 'unused', maxRetries: 0 });
+});
+test.after(async () => srv && srv.stop());
+
+const ask = (input, extra = {}) => ({ model: 'demo', input, max_output_tokens: 16, temperature: 0, ...extra });
+// The answer's text from its message items (the SDK adds output_text to created responses only).
+const textOf = (r) => r.output.filter((o) => o.type === 'message').map((o) => o.content.map((c) => c.text).join('')).join('');
+const reasoningOf = (r) => r.output.filter((o) => o.type === 'reasoning').map((o) => o.content.map((c) => c.text).join('')).join('');
+
+test('a response whole == its stream, in both modes', async () => {
+  for (const effort of ['high', 'none']) {
+    const req = ask('Hello there', { reasoning: { effort } });
+    const full = await client.responses.create(req);
+    assert.strictEqual(full.object, 'response');
+    assert.strictEqual(full.status, 'incomplete', JSON.stringify(full));  // the random model runs to the limit
+    assert.strictEqual(full.incomplete_details.reason, 'max_output_tokens');
+    assert.strictEqual(full.usage.output_tokens, 16);
+    if (effort === 'none') {
+      assert.ok(full.output.every((o) => o.type === 'message'), JSON.stringify(full.output));
+      assert.strictEqual(full.usage.output_tokens_details.reasoning_tokens, 0);
+    } else {
+      assert.strictEqual(full.output[0].type, 'reasoning');
+      assert.ok(full.usage.output_tokens_details.reasoning_tokens > 0);
+    }
+    const stream = client.responses.stream(req);
+    const types = [];
+    for await (const e of stream) types.push(e.type);
+    const streamed = await stream.finalResponse();
+    assert.strictEqual(types[0], 'response.created');
+    assert.strictEqual(types.at(-1), 'response.incomplete');
+    assert.strictEqual(textOf(full), full.output_text);
+    assert.strictEqual(textOf(streamed), full.output_text);
+    assert.strictEqual(reasoningOf(streamed), reasoningOf(full));
+    assert.deepStrictEqual(streamed.output.map((o) => o.type), full.output.map((o) => o.type));
+  }
+});
+
+test('the same conversation through chat completions gives the same answer', async () => {
+  const history = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Name a color' }];
+  for (const effort of ['high', 'none']) {
+    const r = await client.responses.create({ model: 'demo', instructions: 'Be brief.', input: [history[1]],
+      reasoning: { effort }, max_output_tokens: 12, temperature: 0 });
+    const c = await client.chat.completions.create({ model: 'demo', messages: history, max_tokens: 12, temperature: 0,
+      thinking: { type: effort === 'none' ? 'disabled' : 'enabled' } });
+    assert.strictEqual(r.output_text, c.choices[0].message.content);
+    assert.strictEqual(reasoningOf(r), c.choices[0].message.reasoning_content ?? '');
+    assert.strictEqual(r.usage.input_tokens, c.usage.prompt_tokens);
+  }
+});
+
+test('previous_response_id == the conversation sent whole; kept responses are retrieved and deleted', async () => {
+  const first = await client.responses.create(ask('Tell me a story', { reasoning: { effort: 'none' } }));
+  const follow = await client.responses.create(ask('And then?', { reasoning: { effort: 'none' }, previous_response_id: first.id }));
+  assert.strictEqual(follow.previous_response_id, first.id);
+  assert.ok(follow.usage.input_tokens_details.cached_tokens > 0, JSON.stringify(follow.usage));
+  const whole = await client.responses.create(ask([{ role: 'user', content: 'Tell me a story' }, ...first.output,
+    { role: 'user', content: 'And then?' }], { reasoning: { effort: 'none' }, store: false }));
+  assert.strictEqual(whole.output_text, follow.output_text);
+  assert.strictEqual(whole.usage.input_tokens, follow.usage.input_tokens);
+  const got = await client.responses.retrieve(first.id);
+  assert.strictEqual(got.id, first.id);
+  assert.strictEqual(got.output_text, first.output_text);
+  await client.responses.delete(first.id);
+  await assert.rejects(client.responses.retrieve(first.id), (e) => e.status === 404);
+  await assert.rejects(client.responses.create(ask('x', { previous_response_id: first.id })),
+    (e) => e.status === 404 && e.code === 'previous_response_not_found');
+  // store: false keeps nothing.
+  await assert.rejects(client.responses.retrieve(whole.id), (e) => e.status === 404);
+});
+
+test('text.format json_schema: the answer parses as the schema', async () => {
+  // A schema that fixes every token but whitespace ends even with the random model.
+  const schema = { type: 'object', properties: { unit: { enum: ['C', 'F'] } }, required: ['unit'], additionalProperties: false };
+  const req = { model: 'demo', input: 'Units?', reasoning: { effort: 'none' }, max_output_tokens: 300, temperature: 0,
+    text: { format: { type: 'json_schema', name: 'units', schema, strict: true } } };
+  const r = await client.responses.parse(req);
+  assert.strictEqual(r.status, 'completed', JSON.stringify(r));
+  assert.ok(['C', 'F'].includes(r.output_parsed.unit), r.output_text);
+  const s = await client.responses.stream(req).finalResponse();
+  assert.strictEqual(textOf(s), r.output_text);
+  await assert.rejects(client.responses.create({ ...req, text: { format: { type: 'json_schema', name: 'u',
+    schema: { ...schema, minProperties: 1 } } } }), (e) => e.status === 400 && /text\.format\.schema\.minProperties/.test(e.message));
+});
+
+test('input tokens are counted as the request would render them; refusals name the field', async () => {
+  const tools = [{ type: 'function', name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } }];
+  const req = ask('Weather in Oslo?', { instructions: 'Use tools.', tools, max_output_tokens: 2 });
+  const counted = await client.responses.inputTokens.count({ model: 'demo', input: req.input, instructions: req.instructions, tools });
+  const r = await client.responses.create(req);
+  assert.strictEqual(counted.input_tokens, r.usage.input_tokens);
+  assert.strictEqual(r.tools[0].name, 'get_weather');  // echoed as sent
+  await assert.rejects(client.responses.create(ask('x', { tools: [{ type: 'web_search' }] })),
+    (e) => e.status === 400 && e.param === 'tools[0].type');
+  await assert.rejects(client.responses.create(ask([{ type: 'item_reference', id: 'x' }])),
+    (e) => e.status === 400 && e.param === 'input[0].type');
+});
