@@ -19,20 +19,12 @@
 
 using namespace dsv4;
 using namespace dsv4::server;
+using dsv4::testing::real_tokenizer;
 using dsv4::testing::tokenizer_dir;
 
 namespace {
 
 constexpr int64_t kContext = 1024;
-
-const Tokenizer* real_tokenizer() {
-  static const Tokenizer* tok = []() -> const Tokenizer* {
-    const std::string file = tokenizer_dir() + "/tokenizer.json";
-    if (!std::filesystem::exists(file)) return nullptr;
-    return new Tokenizer(Tokenizer::load(file));
-  }();
-  return tok;
-}
 
 class ServerRequest : public ::testing::Test {
  protected:

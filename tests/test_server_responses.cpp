@@ -20,6 +20,7 @@
 
 using namespace dsv4;
 using namespace dsv4::server;
+using dsv4::testing::real_tokenizer;
 using dsv4::testing::tokenizer_dir;
 using ojson = nlohmann::ordered_json;
 
@@ -27,15 +28,6 @@ namespace {
 
 constexpr int64_t kContext = 2048;
 const std::string D = kDsmlText;
-
-const Tokenizer* real_tokenizer() {
-  static const Tokenizer* tok = []() -> const Tokenizer* {
-    const std::string file = tokenizer_dir() + "/tokenizer.json";
-    if (!std::filesystem::exists(file)) return nullptr;
-    return new Tokenizer(Tokenizer::load(file));
-  }();
-  return tok;
-}
 
 class Responses : public ::testing::Test {
  protected:

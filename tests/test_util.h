@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "text/tokenizer.h"
+
 namespace dsv4::testing {
 
 inline std::string golden_dir(const std::string& name) {
@@ -92,6 +94,16 @@ inline std::string mtp_agreeing_model_dir() {
 inline std::string tokenizer_dir() {
   if (const char* env = std::getenv("DSV4_TOKENIZER_DIR"); env && *env) return env;
   return (std::filesystem::path(DSV4_BIN).parent_path() / "deps" / "tokenizer").string();
+}
+
+// That tokenizer, loaded once per test binary; null when it has not been fetched.
+inline const Tokenizer* real_tokenizer() {
+  static const Tokenizer* tok = []() -> const Tokenizer* {
+    const std::string file = tokenizer_dir() + "/tokenizer.json";
+    if (!std::filesystem::exists(file)) return nullptr;
+    return new Tokenizer(Tokenizer::load(file));
+  }();
+  return tok;
 }
 
 struct CommandResult {

@@ -304,6 +304,17 @@ ojson parse_json(const std::string& body) {
   return j;
 }
 
+void check_forced_call(const ojson& tools, bool named, const std::string& name, const std::string& name_param,
+                       bool thinking, const std::string& unforce) {
+  const bool known = std::any_of(tools.begin(), tools.end(), [&](const ojson& t) { return t["function"]["name"] == name; });
+  if (named && !known) bad_request(name_param, "'" + name + "' is not in tools");
+  // Forcing the call markup with no tool to call would only make the model invent one (found by
+  // fuzz_server_request).
+  if (tools.empty()) bad_request("tool_choice", "needs tools");
+  // In thinking mode the model reasons first, and forcing markup there would cut its reasoning.
+  if (thinking) bad_request("tool_choice", "a tool call cannot be forced while the model reasons first; " + unforce);
+}
+
 // The DSML text that opens a forced tool call (tool_choice required or a named function).
 std::string forced_call_prefix(const std::string& name) {
   std::string s = std::string("\n\n<") + kDsmlText + "tool_calls>\n";
@@ -439,17 +450,13 @@ static void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts
       if (fn == tc->end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
         bad_request("tool_choice.function.name", "is required");
       forced = (*fn)["name"].get<std::string>();
-      bool known = false;
-      for (const auto& t : r.tools) known |= t["function"]["name"] == forced;
-      if (!known) bad_request("tool_choice.function.name", "'" + forced + "' is not in tools");
       forced_any = true;
     } else {
       bad_request("tool_choice", "must be a string or an object");
     }
-    if (forced_any && r.tools.empty()) bad_request("tool_choice", "needs tools");
-    if (forced_any && thinking)
-      bad_request("tool_choice", "a required tool call cannot be forced in thinking mode; disable thinking "
-                                 "(thinking: {type: disabled}) or use tool_choice auto");
+    if (forced_any)
+      check_forced_call(r.tools, tc->is_object(), forced, "tool_choice.function.name", thinking,
+                        "disable thinking (thinking: {type: disabled}) or use tool_choice auto");
   }
   json_beside_tools(r, forced_any);
   const ojson* msgs = f.get("messages");
@@ -550,17 +557,12 @@ static void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& 
       forced_any = true;
     } else if (type == "tool") {
       forced = tf.string("name", "");
-      bool known = false;
-      for (const auto& t : tools) known |= t["function"]["name"] == forced;
-      if (!known) bad_request("tool_choice.name", "'" + forced + "' is not in tools");
       forced_any = true;
     } else if (type != "auto") {
       bad_request("tool_choice.type", "must be auto, any, tool or none");
     }
-    // As in chat mode: forcing the call markup with no tool to call would only make the model
-    // invent one (found by fuzz_server_request).
-    if (forced_any && tools.empty()) bad_request("tool_choice", "needs tools");
-    if (forced_any && thinking) bad_request("tool_choice", "a tool call cannot be forced with thinking enabled");
+    if (forced_any)
+      check_forced_call(tools, type == "tool", forced, "tool_choice.name", thinking, "disable thinking or use tool_choice auto");
   }
   r.tools = tools;
   r.gen.reasoning_first = thinking;

@@ -57,6 +57,11 @@ nlohmann::ordered_json chat_messages(const nlohmann::ordered_json& in, const nlo
 // the client's list was converted, when its indices differ).
 std::string render_messages(const nlohmann::ordered_json& rendered, const ChatOptions& co, const std::string& note);
 
+// A forced call (tool_choice required / any, or `named` `name`): a named tool must be among
+// `tools` (a 400 on name_param); there must be tools; the model must not reason first (`unforce`
+// says how to ask for that).
+void check_forced_call(const nlohmann::ordered_json& tools, bool named, const std::string& name, const std::string& name_param,
+                       bool thinking, const std::string& unforce);
 // The DSML text that opens a forced tool call (tool_choice required or a named function).
 std::string forced_call_prefix(const std::string& name);
 // With tools beside a JSON format, the answer is the object or a tool-call block; a forced call

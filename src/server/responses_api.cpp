@@ -186,16 +186,13 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
       const std::string type = tf.string("type", "");
       if (type != "function") bad_request("tool_choice.type", "only function tools can be chosen, got '" + type + "'");
       forced = tf.string("name", "");
-      const bool known = std::any_of(r.tools.begin(), r.tools.end(), [&](const ojson& t) { return t["function"]["name"] == forced; });
-      if (!known) bad_request("tool_choice.name", "'" + forced + "' is not in tools");
       forced_any = true;
     } else {
       bad_request("tool_choice", "must be a string or an object");
     }
-    if (forced_any && r.tools.empty()) bad_request("tool_choice", "needs tools");
-    if (forced_any && thinking)
-      bad_request("tool_choice", "a required tool call cannot be forced while the model reasons; set reasoning.effort "
-                                 "to none or use tool_choice auto");
+    if (forced_any)
+      check_forced_call(r.tools, tc->is_object(), forced, "tool_choice.name", thinking,
+                        "set reasoning.effort to none or use tool_choice auto");
   }
 
   // text.format: text, json_object or json_schema {name, schema, strict}: enforced as
