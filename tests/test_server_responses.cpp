@@ -302,6 +302,15 @@ TEST_F(Responses, CutShortIsIncompleteAndFailuresAreEvents) {
   EXPECT_EQ(body["output"][0]["content"][0]["text"], "Hello th");
   EXPECT_EQ(body["usage"]["output_tokens_details"]["reasoning_tokens"], 0);
   EXPECT_FALSE(kept_.get(body["id"])) << "store: false";
+  // A call cut short is incomplete too (finish() closes it).
+  ParsedRequest t = parse(Api::OpenAiResponses, {{"input", "Hi"}, {"reasoning", {{"effort", "none"}}}, {"tools", responses_tools()}});
+  auto cut = make_responder(t, *tok_, calls_, &kept_);
+  const ojson cb = ojson::parse(run(*cut, *tok_, "\n\n<" + D + "tool_calls>\n<" + D + "invoke name=\"get_weather\">\n<" + D +
+                                    "parameter name=\"city\" string=\"true\">Os", 5, "length", false));
+  ASSERT_EQ(cb["output"].size(), 1u) << cb.dump();
+  EXPECT_EQ(cb["output"][0]["type"], "function_call");
+  EXPECT_EQ(cb["output"][0]["status"], "incomplete");
+  EXPECT_EQ(ojson::parse(cb["output"][0]["arguments"].get<std::string>()), ojson::parse(R"({"city":"Os"})"));
   auto s = make_responder(r, *tok_, calls_, &kept_);
   const std::vector<ojson> ev = events(s->start() + s->failed(ApiError(500, "server_error", "boom")));
   ASSERT_EQ(ev.size(), 3u);

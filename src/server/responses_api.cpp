@@ -285,11 +285,12 @@ class OpenAiResponses : public Responder {
     }
     std::vector<CompletionEvent> ev;
     if (e.kind == Event::Text) ev = choice_.feed(e.text);
-    if (e.kind == Event::Finish) ev = choice_.finish();
+    // Cut short by max_output_tokens: the item open then (a call too, closed by finish()) is
+    // incomplete.
+    if (e.kind == Event::Finish) ev = choice_.finish(), incomplete_ = e.finish_reason == "length";
     std::string out;
     for (const auto& x : ev) out += item_event(x);
     if (e.kind == Event::Finish) {
-      incomplete_ = e.finish_reason == "length";
       out += close_item(incomplete_ ? "incomplete" : "completed");
       choice_.store(calls_);
     }
@@ -445,7 +446,7 @@ class OpenAiResponses : public Responder {
         append(output_.back()["arguments"], x.text);
         out += emit("response.function_call_arguments.delta", merge(where(), {{"delta", x.text}}));
         break;
-      case Kind::ToolCallEnd: out += close_item("completed"); break;
+      case Kind::ToolCallEnd: out += close_item(incomplete_ ? "incomplete" : "completed"); break;
     }
     return out;
   }
