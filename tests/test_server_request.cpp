@@ -185,6 +185,8 @@ TEST_F(ServerRequest, AnthropicBadFieldsName) {
       {anthropic_body(R"("stop_sequences":[""])"), "stop_sequences"},
       {anthropic_body(R"("system":5)"), "system"},
       {anthropic_body(R"("thinking":{"type":"maybe"})"), "thinking.type"},
+      {anthropic_body(R"("thinking":{"type":"adaptive","display":"full"})"), "thinking.display"},
+      {anthropic_body(R"("output_config":{"effort":"extreme"})"), "output_config.effort"},
       {anthropic_body(R"("tools":[{"description":"no name"}])"), "tools[0].name"},
       {anthropic_body(R"("output_config":3)"), "output_config"},
       {anthropic_body(R"("output_config":{"format":{"type":"json_object"}})"), "output_config.format.type"},
@@ -346,6 +348,27 @@ TEST_F(ServerRequest, ThinkingSwitches) {
   EXPECT_EQ(mode(Api::Anthropic, anthropic_body("")), ChatMode::Chat);
   EXPECT_EQ(mode(Api::Anthropic, anthropic_body(R"("thinking":{"type":"enabled","budget_tokens":1024})")), ChatMode::Thinking);
   EXPECT_EQ(mode(Api::Anthropic, anthropic_body(R"("thinking":{"type":"disabled"})")), ChatMode::Chat);
+  // Adaptive and between-tools thinking are V4's thinking mode too; display "omitted" puts the
+  // reasoning in the signature, and such a block sent back renders as its text would.
+  EXPECT_EQ(mode(Api::Anthropic, anthropic_body(R"("thinking":{"type":"adaptive"})")), ChatMode::Thinking);
+  EXPECT_EQ(mode(Api::Anthropic, anthropic_body(R"("thinking":{"type":"between_tools"})")), ChatMode::Thinking);
+  EXPECT_TRUE(parse(Api::Anthropic, anthropic_body(R"("thinking":{"type":"adaptive","display":"omitted"})")).reasoning_in_signature);
+  EXPECT_FALSE(parse(Api::Anthropic, anthropic_body(R"("thinking":{"type":"adaptive"})")).reasoning_in_signature);
+  const auto turn = [&](const std::string& thinking_block) {
+    return parse(Api::Anthropic, R"({"max_tokens":16,"thinking":{"type":"adaptive"},"tools":[)" + kAnthropicTool +
+                                     R"(],"messages":[{"role":"user","content":"Weather?"},{"role":"assistant","content":[)" +
+                                     thinking_block + R"(,{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Oslo"}}]},
+      {"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"sunny"}]}]})")
+        .prompt_text;
+  };
+  const std::string shown = turn(R"({"type":"thinking","thinking":"Look it up.","signature":""})");
+  EXPECT_NE(shown.find("Look it up."), std::string::npos);
+  EXPECT_EQ(turn(R"({"type":"thinking","thinking":"","signature":"dsv4-reasoning:Look it up."})"), shown);
+  EXPECT_NE(turn(R"({"type":"thinking","thinking":"","signature":"EqQBCkYIBx"})"), shown);  // another server's signature
+  // output_config.effort: max (and xhigh) render the maximum effort, the others the default.
+  const std::string plain = parse(Api::Anthropic, anthropic_body(R"("thinking":{"type":"adaptive"})")).prompt_text;
+  EXPECT_EQ(parse(Api::Anthropic, anthropic_body(R"("thinking":{"type":"adaptive"},"output_config":{"effort":"low"})")).prompt_text, plain);
+  EXPECT_NE(parse(Api::Anthropic, anthropic_body(R"("thinking":{"type":"adaptive"},"output_config":{"effort":"max"})")).prompt_text, plain);
   // reasoning_effort: low and medium map to high; max renders differently.
   const std::string high = parse(Api::OpenAiChat, chat_body(R"("reasoning_effort":"high")")).prompt_text;
   EXPECT_EQ(parse(Api::OpenAiChat, chat_body(R"("reasoning_effort":"low")")).prompt_text, high);

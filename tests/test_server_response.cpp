@@ -238,6 +238,35 @@ TEST_F(ServerResponse, AnthropicToolUseBlocks) {
   EXPECT_EQ(sse.find("event: message_stop"), sse.rfind("event: "));
 }
 
+TEST_F(ServerResponse, AnthropicOmittedThinkingGoesInTheSignature) {
+  // thinking.display "omitted": the block's text is empty, no thinking_delta is sent, and the
+  // signature (a signature_delta before the block stops) carries the reasoning.
+  ToolCallStore store;
+  ParsedRequest r = request(Api::Anthropic, ChatMode::Thinking, weather_tools(), true);
+  r.reasoning_in_signature = true;
+  const std::string text = std::string("Think \"hard\" 東京.") + kThinkEndText + "Answer.";
+  auto a = make_responder(r, *tok_, store);
+  const ojson body = ojson::parse(run(*a, text, 1 << 20, "eos", false));
+  ASSERT_EQ(body["content"].size(), 2u);
+  EXPECT_EQ(body["content"][0]["thinking"], "");
+  EXPECT_EQ(body["content"][0]["signature"], std::string(kReasoningSignature) + "Think \"hard\" 東京.");
+  EXPECT_EQ(body["content"][1]["text"], "Answer.");
+  for (size_t piece : {1, 4}) {
+    auto b = make_responder(r, *tok_, store);
+    const std::string sse = run(*b, text, piece, "eos", true);
+    std::string sig;
+    for (const ojson& e : sse_data(sse)) {
+      EXPECT_FALSE(e["type"] == "content_block_delta" && e["delta"]["type"] == "thinking_delta") << e.dump();
+      if (e["type"] == "content_block_delta" && e["delta"]["type"] == "signature_delta") {
+        EXPECT_EQ(e["index"], 0);
+        sig += e["delta"]["signature"].get<std::string>();
+      }
+    }
+    EXPECT_EQ(sig, body["content"][0]["signature"]) << piece;
+    EXPECT_EQ(sse.find("hard"), sse.rfind("hard")) << "the text only in the signature";
+  }
+}
+
 TEST_F(ServerResponse, ForcedCallContinuesThePrefix) {
   // tool_choice names a function: the prompt ended with the block and invoke opener, so the
   // model's text starts at the parameters.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "server/request_parts.h"
@@ -524,12 +525,22 @@ static void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& 
   if (!f.get("max_tokens") && !lim.count_only) bad_request("max_tokens", "is required");
   const int64_t max_tokens = f.integer("max_tokens", 0, 1, 1 << 30);
   // Thinking is off unless asked for, as in Anthropic's API.
+  // enabled (a budget), adaptive (the model decides how much) and between_tools all mean V4's
+  // thinking mode: it reasons before each answer, as much as it sees fit.
   bool thinking = false;
   if (const ojson* t = f.get("thinking")) {
     if (!t->is_object()) bad_request("thinking", "must be an object");
-    const std::string type = Fields{*t, "thinking."}.string("type", "");
-    if (type != "enabled" && type != "disabled") bad_request("thinking.type", "must be enabled or disabled");
-    thinking = type == "enabled";
+    const Fields tf{*t, "thinking."};
+    const std::string type = tf.string("type", "");
+    if (type != "enabled" && type != "adaptive" && type != "between_tools" && type != "disabled")
+      bad_request("thinking.type", "must be enabled, adaptive, between_tools or disabled, got '" + type + "'");
+    thinking = type != "disabled";
+    // display "omitted": the thinking block's text is left empty; its signature carries it, so
+    // that the block sent back renders the same prompt.
+    const std::string display = tf.string("display", "summarized");
+    if (display != "summarized" && display != "omitted")
+      bad_request("thinking.display", "must be summarized or omitted, got '" + display + "'");
+    r.reasoning_in_signature = thinking && display == "omitted";
   }
   r.mode = thinking ? ChatMode::Thinking : ChatMode::Chat;
   ojson tools = ojson::array();
@@ -571,10 +582,18 @@ static void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& 
   ojson schema;
   const ojson* format = nullptr;
   std::string where;
+  ChatOptions co;
+  co.mode = r.mode;
   if (const ojson* oc = f.get("output_config")) {
     if (!oc->is_object()) bad_request("output_config", "must be an object");
-    format = Fields{*oc, "output_config."}.get("format");
+    const Fields of{*oc, "output_config."};
+    format = of.get("format");
     where = "output_config.format";
+    // effort: max (and xhigh) ask for V4's maximum reasoning effort, the others are its default.
+    const std::string effort = of.string("effort", "");
+    if (effort == "max" || effort == "xhigh") co.reasoning_effort = "max";
+    else if (!effort.empty() && effort != "low" && effort != "medium" && effort != "high")
+      bad_request("output_config.effort", "must be low, medium, high, xhigh or max, got '" + effort + "'");
   }
   if (const ojson* of = f.get("output_format"); of && !format) format = of, where = "output_format";
   if (format) {
@@ -617,7 +636,9 @@ static void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& 
         if (!b.contains("text") || !b["text"].is_string()) bad_request(bw + ".text", "must be a string");
         text += b["text"].get<std::string>();
       } else if (type == "thinking" && role == "assistant") {
-        reasoning += bf.string("thinking", "");
+        // A block whose text was omitted carries it in its signature (thinking.display).
+        const std::string t = bf.string("thinking", ""), sig = bf.string("signature", "");
+        reasoning += t.empty() && sig.rfind(kReasoningSignature, 0) == 0 ? sig.substr(std::strlen(kReasoningSignature)) : t;
       } else if (type == "redacted_thinking" && role == "assistant") {
       } else if (type == "tool_use" && role == "assistant") {
         if (!b.contains("id") || !b["id"].is_string() || !b.contains("name") || !b["name"].is_string())
@@ -643,8 +664,6 @@ static void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& 
       msgs.push_back(std::move(a));
     }
   }
-  ChatOptions co;
-  co.mode = r.mode;
   // The renderer's indices are of the converted list (system first, a tool_result block a
   // message of its own), not of the client's messages.
   r.prompt_text = render_messages(chat_messages(msgs, r.tools, store, schema), co,

@@ -66,7 +66,13 @@ struct ParsedRequest {
   nlohmann::ordered_json settings;
   bool store_response = false;
   bool reasoning_in_encrypted_content = false;
+  // Anthropic thinking.display "omitted": thinking blocks go out empty, the reasoning in their
+  // signature (kReasoningSignature + text), which a client sends back unchanged.
+  bool reasoning_in_signature = false;
 };
+
+// How a thinking block's signature starts when it carries the reasoning.
+inline constexpr const char* kReasoningSignature = "dsv4-reasoning:";
 
 // What parsing needs to know of the model, and nothing more: requests can then be parsed (and
 // fuzzed, tests/fuzz/fuzz_server_request.cpp) with a tokenizer alone, no weights loaded.

@@ -337,6 +337,14 @@ class AnthropicMessages : public Responder {
   }
   std::string close_block() {
     if (open_.empty()) return "";
+    std::string out;
+    if (open_ == "thinking" && r_.reasoning_in_signature) {
+      // thinking.display "omitted": the text goes in the signature, sent as Anthropic does.
+      const std::string sig = kReasoningSignature + hidden_;
+      blocks_.back()["signature"] = sig;
+      hidden_.clear();
+      out += delta({{"type", "signature_delta"}, {"signature", sig}});
+    }
     if (open_ == "tool_use") {
       // The non-streamed block holds the parsed input object.
       ojson& b = blocks_.back();
@@ -345,7 +353,7 @@ class AnthropicMessages : public Responder {
       args_.clear();
     }
     open_.clear();
-    return sse_event("content_block_stop", ojson{{"type", "content_block_stop"}, {"index", blocks_.size() - 1}}.dump());
+    return out + sse_event("content_block_stop", ojson{{"type", "content_block_stop"}, {"index", blocks_.size() - 1}}.dump());
   }
   std::string delta(const ojson& d) {
     return sse_event("content_block_delta", ojson{{"type", "content_block_delta"}, {"index", blocks_.size() - 1}, {"delta", d}}.dump());
@@ -355,6 +363,10 @@ class AnthropicMessages : public Responder {
     switch (x.kind) {
       case Kind::Reasoning:
         out += open("thinking", {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
+        if (r_.reasoning_in_signature) {
+          hidden_ += x.text;
+          break;
+        }
         blocks_.back()["thinking"] = blocks_.back()["thinking"].get<std::string>() + x.text;
         out += delta({{"type", "thinking_delta"}, {"thinking", x.text}});
         break;
@@ -383,6 +395,7 @@ class AnthropicMessages : public Responder {
   ChoiceText choice_;
   std::vector<ojson> blocks_;
   std::string open_, args_;
+  std::string hidden_;  // the open thinking block's text, when it goes in the signature
   std::string stop_reason_ = "end_turn", stop_sequence_;
 };
 

@@ -42,6 +42,28 @@ test('thinking enabled: a thinking block first, same in both forms', async () =>
   assert.strictEqual(blocksText(streamed), blocksText(full));
 });
 
+test('adaptive thinking with its text omitted: the signature carries it, and renders it back', async () => {
+  const r = req({ thinking: { type: 'adaptive', display: 'omitted' }, output_config: { effort: 'high' }, max_tokens: 12 });
+  const full = await client.messages.create(r);
+  assert.strictEqual(full.content[0].type, 'thinking');
+  assert.strictEqual(full.content[0].thinking, '');
+  assert.match(full.content[0].signature, /^dsv4-reasoning:./s);
+  const streamed = await client.messages.stream(r).finalMessage();
+  assert.deepStrictEqual(streamed.content, full.content);
+  // Sent back in a tool-use turn (where V4 keeps the reasoning), the block counts as its text.
+  const reasoning = full.content[0].signature.slice('dsv4-reasoning:'.length);
+  const tools = [{ name: 'get_time', input_schema: { type: 'object' } }];
+  const history = (block) => ({ model: 'demo', tools, thinking: { type: 'adaptive' }, messages: [
+    { role: 'user', content: 'What time is it?' },
+    { role: 'assistant', content: [block, { type: 'tool_use', id: 'toolu_1', name: 'get_time', input: {} }] },
+    { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: '12:00' }] }] });
+  const omitted = await client.messages.countTokens(history(full.content[0]));
+  const shown = await client.messages.countTokens(history({ type: 'thinking', thinking: reasoning, signature: '' }));
+  const none = await client.messages.countTokens(history({ type: 'text', text: '' }));
+  assert.strictEqual(omitted.input_tokens, shown.input_tokens);
+  assert.ok(omitted.input_tokens > none.input_tokens, `${omitted.input_tokens} vs ${none.input_tokens}`);
+});
+
 test('system prompt, multi-turn and tool results are accepted', async () => {
   const r = req({
     system: 'You are terse.',
