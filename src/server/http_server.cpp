@@ -348,6 +348,7 @@ struct HttpServer::Impl {
         g.prefix_cache_entries = s.cache_entries;
         g.paused = s.paused;
       }
+      g.kept_responses_bytes = static_cast<int64_t>(responses.bytes());
       r.set_content(metrics.render(g), "text/plain; version=0.0.4");
     });
   }

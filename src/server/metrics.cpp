@@ -107,6 +107,7 @@ std::string Metrics::render(const Gauges& g) const {
   gauge("dsv4_paused_requests", "Running requests left out of the steps: their client has not taken their output.", g.paused);
   gauge("dsv4_kv_reserved_bytes", "Cache bytes reserved by live sequences.", g.kv_reserved_bytes);
   gauge("dsv4_prefix_cache_bytes", "Bytes charged to prefix-cache snapshots.", g.prefix_cache_bytes);
+  gauge("dsv4_kept_responses_bytes", "Bytes of /v1/responses kept for previous_response_id (JSON text).", g.kept_responses_bytes);
   gauge("dsv4_prefix_cache_entries", "Snapshots in the prefix cache.", g.prefix_cache_entries);
   batch_.render(o, "dsv4_step_batch_size", "Sequences per engine step.");
   step_s_.render(o, "dsv4_step_seconds", "Time of one engine step.");

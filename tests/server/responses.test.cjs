@@ -6,7 +6,7 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const { OpenAI } = require('openai');
-const { startServer } = require('./harness.cjs');
+const { startServer, metric } = require('./harness.cjs');
 
 let srv, client;
 test.before(async () => {
@@ -70,6 +70,7 @@ test('previous_response_id == the conversation sent whole; kept responses are re
     { role: 'user', content: 'And then?' }], { reasoning: { effort: 'none' }, store: false }));
   assert.strictEqual(whole.output_text, follow.output_text);
   assert.strictEqual(whole.usage.input_tokens, follow.usage.input_tokens);
+  assert.ok(await metric(srv.url, 'dsv4_kept_responses_bytes') > 0);
   const got = await client.responses.retrieve(first.id);
   assert.strictEqual(got.id, first.id);
   assert.strictEqual(got.output_text, first.output_text);
@@ -106,4 +107,10 @@ test('input tokens are counted as the request would render them; refusals name t
     (e) => e.status === 400 && e.param === 'tools[0].type');
   await assert.rejects(client.responses.create(ask([{ type: 'item_reference', id: 'x' }])),
     (e) => e.status === 400 && e.param === 'input[0].type');
+  // /metrics counts requests by route, never by raw path (a client could grow the label set).
+  assert.strictEqual((await fetch(srv.url + '/v1/no-such-path-' + Date.now())).status, 404);
+  const text = await (await fetch(srv.url + '/metrics')).text();
+  assert.match(text, /dsv4_requests_total\{endpoint="other",status="404"\} [1-9]/);
+  assert.match(text, /dsv4_requests_total\{endpoint="\/v1\/responses\/input_tokens",status="200"\} 1/);
+  assert.doesNotMatch(text, /no-such-path/);
 });
