@@ -377,6 +377,18 @@ TEST_F(ServerRequest, ThinkingSwitches) {
             parse(Api::OpenAiChat, chat_body("")).prompt_text);
 }
 
+TEST_F(ServerRequest, ParallelToolCallsSwitch) {
+  const std::string tools = "\"tools\":[" + kTool + "]";
+  EXPECT_FALSE(parse(Api::OpenAiChat, chat_body(tools)).single_tool_call);
+  EXPECT_TRUE(parse(Api::OpenAiChat, chat_body(tools + R"(,"parallel_tool_calls":false)")).single_tool_call);
+  EXPECT_TRUE(parse(Api::Anthropic, anthropic_body("\"tools\":[" + kAnthropicTool +
+                                                   R"(],"tool_choice":{"type":"auto","disable_parallel_tool_use":true})"))
+                  .single_tool_call);
+  const ParsedRequest r = parse(Api::OpenAiResponses, R"({"input":"Hi","parallel_tool_calls":false})");
+  EXPECT_TRUE(r.single_tool_call);
+  EXPECT_EQ(r.settings["parallel_tool_calls"], false);
+}
+
 TEST_F(ServerRequest, ToolChoiceForcesACallInChatModeOnly) {
   const std::string tools = "\"tools\":[" + kTool + "],";
   const std::string opening = "\n\n<" + DSML + "tool_calls>\n";

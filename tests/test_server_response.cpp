@@ -238,6 +238,33 @@ TEST_F(ServerResponse, AnthropicToolUseBlocks) {
   EXPECT_EQ(sse.find("event: message_stop"), sse.rfind("event: "));
 }
 
+TEST_F(ServerResponse, ParallelCallsOffAnswersTheFirstCall) {
+  // parallel_tool_calls: false (disable_parallel_tool_use): a second call is dropped, in the
+  // body and in the stream, on every API; the first keeps its id and DSML.
+  const std::string two = "\n\n<" + D + "tool_calls>\n" + kCall + "\n" + kCall + "\n</" + D + "tool_calls>";
+  for (Api api : {Api::OpenAiChat, Api::Anthropic, Api::OpenAiResponses}) {
+    ToolCallStore store;
+    ParsedRequest r = request(api, ChatMode::Chat, weather_tools(), true);
+    r.single_tool_call = true;
+    auto a = make_responder(r, *tok_, store);
+    const std::string body = run(*a, two, 1 << 20, "eos", false);
+    auto b = make_responder(r, *tok_, store);
+    const std::string sse = run(*b, two, 5, "eos", true);
+    const ojson j = ojson::parse(body);
+    size_t calls = 0;
+    if (api == Api::OpenAiChat) calls = j["choices"][0]["message"]["tool_calls"].size();
+    for (const auto& x : j.value("content", ojson::array())) calls += x["type"] == "tool_use";
+    for (const auto& x : j.value("output", ojson::array())) calls += x["type"] == "function_call";
+    EXPECT_EQ(calls, 1u) << body;
+    EXPECT_EQ(sse.find("\"index\":1"), std::string::npos) << "a second call streamed";
+    EXPECT_EQ(sse.find("\"output_index\":1"), std::string::npos) << "a second call streamed";
+    EXPECT_EQ(sse.find("DSML"), std::string::npos);
+    r.single_tool_call = false;
+    auto c = make_responder(r, *tok_, store);
+    EXPECT_NE(run(*c, two, 1 << 20, "eos", false), body) << "two calls without the flag";
+  }
+}
+
 TEST_F(ServerResponse, AnthropicOmittedThinkingGoesInTheSignature) {
   // thinking.display "omitted": the block's text is empty, no thinking_delta is sent, and the
   // signature (a signature_delta before the block stops) carries the reasoning.

@@ -16,7 +16,8 @@ namespace dsv4::server {
 // One choice's text split into reasoning, content and tool calls, as events arrive.
 struct ChoiceText {
   ChoiceText(const ParsedRequest& r, const std::string& id_prefix)
-      : stream(r.mode, r.tools.empty() ? nlohmann::ordered_json(nullptr) : r.tools), id_prefix(id_prefix) {
+      : stream(r.mode, r.tools.empty() ? nlohmann::ordered_json(nullptr) : r.tools), id_prefix(id_prefix),
+        max_calls(r.single_tool_call ? 1 : -1) {
     // A forced tool call: the prompt ended with the opening markup, which the answer continues.
     if (!r.forced_prefix.empty()) held = stream.feed(r.forced_prefix);
   }
@@ -26,6 +27,8 @@ struct ChoiceText {
   // Records what the events say (for the non-streamed body) and gives call ids.
   std::vector<CompletionEvent> take(std::vector<CompletionEvent> ev) {
     if (!held.empty()) ev.insert(ev.begin(), held.begin(), held.end()), held.clear();
+    if (max_calls >= 0)
+      std::erase_if(ev, [&](const CompletionEvent& e) { return e.index >= max_calls; });  // only tool-call events have one
     for (const auto& e : ev) {
       if (e.kind == CompletionEvent::Kind::Reasoning) reasoning += e.text;
       if (e.kind == CompletionEvent::Kind::Content) content += e.text;
@@ -46,6 +49,7 @@ struct ChoiceText {
   };
   CompletionStream stream;
   std::string id_prefix;
+  int max_calls;  // -1: any number
   std::vector<CompletionEvent> held;
   std::string reasoning, content;
   std::vector<Call> calls;

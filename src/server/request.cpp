@@ -431,6 +431,7 @@ static void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts
     check_tools(*t, "tools");
     r.tools = *t;
   }
+  r.single_tool_call = !f.boolean("parallel_tool_calls", true);
   // tool_choice: auto (default), none (the tools are left out of the prompt), required or a
   // named function: the answer is started with the tool-call markup (chat mode only: in thinking
   // mode the model reasons first, and forcing markup there would cut its reasoning).
@@ -562,6 +563,7 @@ static void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& 
     if (!tc->is_object()) bad_request("tool_choice", "must be an object");
     const Fields tf{*tc, "tool_choice."};
     const std::string type = tf.string("type", "");
+    r.single_tool_call = tf.boolean("disable_parallel_tool_use", false);
     if (type == "none") {
       tools = ojson::array();
     } else if (type == "any") {

@@ -57,6 +57,9 @@ struct ParsedRequest {
   ChatMode mode = ChatMode::Thinking;
   std::string forced_prefix;     // text appended to the prompt that the answer starts with
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // OpenAI format
+  // parallel_tool_calls: false (OpenAI) / disable_parallel_tool_use (Anthropic): only the first
+  // call the model writes is answered; any after it are dropped.
+  bool single_tool_call = false;
   bool echo = false;             // /v1/completions: prompt text in front of the answer
   std::string prompt_text;
   // /v1/responses: the conversation as chat messages (earlier turns of previous_response_id

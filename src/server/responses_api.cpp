@@ -173,6 +173,7 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
   r.gen.reasoning_first = thinking;
 
   if (const ojson* t = f.get("tools")) r.tools = convert_tools(*t);
+  r.single_tool_call = !f.boolean("parallel_tool_calls", true);
   std::string forced;
   bool forced_any = false;
   if (const ojson* tc = f.get("tool_choice")) {
@@ -248,7 +249,7 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
   tokenize_prompt(r, model, lim, "max_output_tokens", max_out);
   r.settings = {{"instructions", instructions.empty() ? ojson(nullptr) : ojson(instructions)},
                 {"max_output_tokens", max_out > 0 ? ojson(max_out) : ojson(nullptr)},
-                {"parallel_tool_calls", f.boolean("parallel_tool_calls", true)},
+                {"parallel_tool_calls", !r.single_tool_call},
                 {"previous_response_id", previous.empty() ? ojson(nullptr) : ojson(previous)},
                 {"reasoning", reasoning},
                 {"store", r.store_response},
