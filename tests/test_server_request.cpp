@@ -169,7 +169,8 @@ TEST_F(ServerRequest, CompletionBadFieldsName) {
       {completion_body(R"("logprobs":21)"), "logprobs"},
       {completion_body(R"("logprobs":true)"), "logprobs"},  // an integer in the legacy API
       {completion_body(R"("echo":1)"), "echo"},
-      {completion_body(R"("suffix":"x")"), "suffix"},
+      {R"({"prompt":[1,2],"suffix":"x"})", "suffix"},  // fill-in-the-middle needs text
+      {completion_body(R"("suffix":3)"), "suffix"},
       {completion_body(R"("max_tokens":0)"), "max_tokens"},
       {completion_body(R"("max_tokens":1024)"), "max_tokens"},
       {completion_body(R"("n":5)"), "n"},
@@ -460,6 +461,24 @@ TEST_F(ServerRequest, CompletionPrompts) {
   const ParsedRequest lp = parse(Api::OpenAiCompletion, completion_body(R"("logprobs":0,"echo":true)"));
   EXPECT_TRUE(lp.logprobs && lp.echo);
   EXPECT_EQ(lp.gen.top_logprobs, 0);
+  EXPECT_EQ(lp.echo_text, "Hello");
+
+  // suffix: fill in the middle. The prompt is the prefix and suffix between the tokenizer's FIM
+  // tokens (one token each), after the begin-of-sentence token; echo gives the prompt as sent.
+  const ParsedRequest fim = parse(Api::OpenAiCompletion, R"({"prompt":"def f(a):\n","suffix":"    return b\n","echo":true})");
+  const auto one = [&](const char* t) {
+    const std::vector<int32_t> ids = tok_->encode(t);
+    EXPECT_EQ(ids.size(), 1u) << t;
+    return ids.at(0);
+  };
+  std::vector<int32_t> want = {one(kBosText), one(kFimBeginText)};
+  for (int32_t id : tok_->encode("def f(a):\n")) want.push_back(id);
+  want.push_back(one(kFimHoleText));
+  for (int32_t id : tok_->encode("    return b\n")) want.push_back(id);
+  want.push_back(one(kFimEndText));
+  EXPECT_EQ(fim.gen.prompt, want);
+  EXPECT_EQ(one(kFimHoleText), 128800);
+  EXPECT_EQ(fim.echo_text, "def f(a):\n");
 
   // Token ids are taken as they are, and the text is their decoding.
   const std::vector<int32_t> ids = tok_->encode("Größe 東京");

@@ -484,7 +484,6 @@ static void parse_openai_completion(const ojson& j, ParsedRequest& r, const Mode
   r.gen.top_logprobs = static_cast<int>(lp);
   r.echo = f.boolean("echo", false);
   read_response_format(f, r);  // the answer follows the prompt as it is: no reasoning, no schema shown
-  if (f.get("suffix")) bad_request("suffix", "is not supported");
   const ojson* p = f.get("prompt");
   if (!p) bad_request("prompt", "is required");
   if (p->is_string()) {
@@ -506,6 +505,12 @@ static void parse_openai_completion(const ojson& j, ParsedRequest& r, const Mode
     r.prompt_text += dec.flush();
   } else {
     bad_request("prompt", "must be a string or a list of token ids (one prompt per request)");
+  }
+  r.echo_text = r.prompt_text;
+  // suffix: fill in the middle between the prompt and it (DeepSeek's FIM completion).
+  if (f.get("suffix")) {
+    if (!p->is_string()) bad_request("suffix", "fill-in-the-middle needs a text prompt, not token ids");
+    r.prompt_text = render_fim(r.prompt_text, f.string("suffix", ""));
   }
   tokenize_prompt(r, model, lim, "max_tokens", f.integer("max_tokens", 16, 1, 1 << 30));
 }

@@ -60,7 +60,8 @@ struct ParsedRequest {
   // parallel_tool_calls: false (OpenAI) / disable_parallel_tool_use (Anthropic): only the first
   // call the model writes is answered; any after it are dropped.
   bool single_tool_call = false;
-  bool echo = false;             // /v1/completions: prompt text in front of the answer
+  bool echo = false;             // /v1/completions: the prompt as sent in front of the answer
+  std::string echo_text;
   std::string prompt_text;
   // /v1/responses: the conversation as chat messages (earlier turns of previous_response_id
   // included, the instructions not), the request's settings the response object repeats, and

@@ -186,12 +186,12 @@ class OpenAiCompletion : public Responder {
       : r_(r), tok_(tok), id_(ToolCallStore::new_id("cmpl-")), created_(now_s()), text_(r.gen.n), finish_(r.gen.n),
         lp_(r.gen.n) {
     if (r.echo)
-      for (auto& t : text_) t = r.prompt_text;
+      for (auto& t : text_) t = r.echo_text;
   }
   std::string start() override {
     if (!r_.echo) return "";
     std::string out;
-    for (int i = 0; i < r_.gen.n; ++i) out += chunk(i, r_.prompt_text, nullptr, nullptr);
+    for (int i = 0; i < r_.gen.n; ++i) out += chunk(i, r_.echo_text, nullptr, nullptr);
     return out;
   }
   std::string event(const Event& e) override {

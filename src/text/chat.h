@@ -52,6 +52,18 @@ inline constexpr const char* kThinkEndText = "</think>";
 inline constexpr const char* kDsmlText = "｜DSML｜";
 // How the model opens a tool-call block ("\n\n<" + kDsmlText + "tool_calls").
 inline constexpr const char* kToolCallsOpenText = "\n\n<｜DSML｜tool_calls";
+// Fill-in-the-middle tokens (added tokens of the V4 tokenizer, ids 128800-128802).
+inline constexpr const char* kFimBeginText = "<｜fim▁begin｜>";
+inline constexpr const char* kFimHoleText = "<｜fim▁hole｜>";
+inline constexpr const char* kFimEndText = "<｜fim▁end｜>";
+
+// A fill-in-the-middle prompt in the prefix-suffix-middle order DeepSeek's models are trained
+// on (the V3 technical report: <fim_begin> prefix <fim_hole> suffix <fim_end>, the middle then
+// written up to the end-of-sentence token), after the begin-of-sentence token a document starts
+// with. DeepSeek's API offers it as /completions with `suffix`.
+inline std::string render_fim(const std::string& prefix, const std::string& suffix) {
+  return std::string(kBosText) + kFimBeginText + prefix + kFimHoleText + suffix + kFimEndText;
+}
 
 enum class ChatMode { Thinking, Chat };
 

@@ -131,6 +131,12 @@ test('completions endpoint: stream == non-stream, logprobs, echo', async () => {
   assert.strictEqual(text, full.choices[0].text);
   const echo = await client.completions.create({ ...req, echo: true });
   assert.strictEqual(echo.choices[0].text, 'The quick brown fox' + full.choices[0].text);
+  // suffix: fill in the middle (DeepSeek's FIM): the prompt between the FIM tokens, a different
+  // answer; echo still gives the prompt as sent.
+  const fim = await client.completions.create({ ...req, suffix: ' jumps over the dog', echo: true });
+  assert.ok(fim.usage.prompt_tokens > full.usage.prompt_tokens + 3, JSON.stringify(fim.usage));
+  assert.ok(fim.choices[0].text.startsWith('The quick brown fox'), fim.choices[0].text);
+  assert.notStrictEqual(fim.choices[0].text, echo.choices[0].text);
 });
 
 test('chat logprobs: one entry per generated token, top_logprobs sorted', async () => {
