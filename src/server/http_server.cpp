@@ -61,6 +61,7 @@ std::string endpoint_label(const std::string& path) {
   for (const char* r : kRoutes)
     if (path == r) return path;
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
 }
 
@@ -271,6 +272,13 @@ struct HttpServer::Impl {
         });
   }
 
+  // The one model /v1/models lists (its context once loaded).
+  ojson model_object() const {
+    ojson m = {{"id", model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "dsv4"}};
+    if (ready) m["context_length"] = engine->info().context;
+    return m;
+  }
+
   // /v1/messages/count_tokens and /v1/responses/input_tokens: the prompt a request would
   // render, counted (what agents check against the context before they send).
   void count_tokens(const httplib::Request& req, httplib::Response& res, Api api) {
@@ -322,9 +330,14 @@ struct HttpServer::Impl {
              [this](const httplib::Request& q, httplib::Response& r) { count_tokens(q, r, Api::Anthropic); });
     svr.Get("/v1/models", [this](const httplib::Request& q, httplib::Response& r) {
       busy(q);
-      ojson m = {{"id", model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "dsv4"}};
-      if (ready) m["context_length"] = engine->info().context;
-      r.set_content(ojson{{"object", "list"}, {"data", ojson::array({m})}}.dump(), "application/json");
+      r.set_content(ojson{{"object", "list"}, {"data", ojson::array({model_object()})}}.dump(), "application/json");
+    });
+    svr.Get(R"(/v1/models/([^/]+))", [this](const httplib::Request& q, httplib::Response& r) {
+      busy(q);
+      if (q.matches[1] != model_name)
+        return send_error(r, ApiError(404, "invalid_request_error", "The model '" + q.matches[1].str() + "' does not exist (this server has '" +
+                                                                        model_name + "')", "model", "model_not_found"), false);
+      r.set_content(model_object().dump(), "application/json");
     });
     svr.Get("/health", [this](const httplib::Request& q, httplib::Response& r) {
       busy(q);

@@ -25,6 +25,8 @@ test('models, health and metrics', async () => {
   const models = await client.models.list();
   assert.strictEqual(models.data.length, 1);
   assert.strictEqual(models.data[0].id, 'demo-model');
+  assert.strictEqual((await client.models.retrieve('demo-model')).id, 'demo-model');
+  await assert.rejects(client.models.retrieve('gpt-4'), (e) => e.status === 404 && e.code === 'model_not_found');
   const health = await (await fetch(srv.url + '/health')).json();
   assert.strictEqual(health.status, 'ok');
   const m = await (await fetch(srv.url + '/metrics')).text();
