@@ -2,6 +2,7 @@
 // One choice's text split into reasoning, content and tool calls as the scheduler's Text events
 // arrive (text/completion_stream.h), recording what the events say for a non-streamed body and
 // giving each call an id. Shared by the answer formats (response.cpp, responses_api.cpp).
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,14 @@ struct ChoiceText {
     if (!r.forced_prefix.empty()) held = stream.feed(r.forced_prefix);
   }
   std::vector<CompletionEvent> feed(const std::string& text) { return take(stream.feed(text)); }
+  // Counts the reasoning tokens among a Text event's ids: in thinking mode, those up to and
+  // including `think_end` ("</think>"; all of an answer without one).
+  void count(const std::vector<int32_t>& ids, int32_t think_end, bool thinking) {
+    for (int32_t id : ids) {
+      if (thinking && !thought) ++reasoning_tokens;
+      thought |= id == think_end;
+    }
+  }
   std::vector<CompletionEvent> finish() { return take(stream.finish()); }
 
   // Records what the events say (for the non-streamed body) and gives call ids.
@@ -52,6 +61,8 @@ struct ChoiceText {
   int max_calls;  // -1: any number
   std::vector<CompletionEvent> held;
   std::string reasoning, content;
+  int64_t reasoning_tokens = 0;
+  bool thought = false;  // "</think>" was among the ids
   std::vector<Call> calls;
   std::string finish_reason;
   nlohmann::ordered_json logprobs = nlohmann::ordered_json::array();

@@ -22,11 +22,18 @@ int64_t now_s() {
 
 namespace {
 
-ojson usage_json(const Usage& u) {
-  return {{"prompt_tokens", u.prompt_tokens},
-          {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+// OpenAI's usage, with DeepSeek's names for the cache hits beside it (clients written for
+// DeepSeek's API read prompt_cache_hit_tokens / prompt_cache_miss_tokens); reasoning_tokens
+// (chat completions: summed over the choices) when known, as both APIs give it.
+ojson usage_json(const Usage& u, int64_t reasoning_tokens = -1) {
+  ojson j = {{"prompt_tokens", u.prompt_tokens},
+             {"completion_tokens", u.completion_tokens},
+             {"total_tokens", u.prompt_tokens + u.completion_tokens},
+             {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}},
+             {"prompt_cache_hit_tokens", u.cached_tokens},
+             {"prompt_cache_miss_tokens", u.prompt_tokens - u.cached_tokens}};
+  if (reasoning_tokens >= 0) j["completion_tokens_details"] = {{"reasoning_tokens", std::min(reasoning_tokens, u.completion_tokens)}};
+  return j;
 }
 
 std::string openai_finish(const std::string& reason, bool tool_calls) {
@@ -80,7 +87,8 @@ ojson token_logprobs(const Event& e, const Tokenizer& tok) {
 class OpenAiChat : public Responder {
  public:
   OpenAiChat(const ParsedRequest& r, const Tokenizer& tok, ToolCallStore& store)
-      : r_(r), tok_(tok), store_(store), id_(ToolCallStore::new_id("chatcmpl-")), created_(now_s()) {
+      : r_(r), tok_(tok), store_(store), id_(ToolCallStore::new_id("chatcmpl-")), created_(now_s()),
+        think_end_(tok.find_token(kThinkEndText).value_or(-1)) {
     for (int i = 0; i < r.gen.n; ++i) choices_.emplace_back(r, "call_");
   }
 
@@ -99,6 +107,7 @@ class OpenAiChat : public Responder {
       for (auto& x : lp["content"]) c.logprobs.push_back(x);
     }
     std::vector<CompletionEvent> ev;
+    c.count(e.ids, think_end_, r_.mode == ChatMode::Thinking);
     if (e.kind == Event::Text) ev = c.feed(e.text);
     if (e.kind == Event::Finish) ev = c.finish();
     for (const auto& x : ev) {
@@ -119,7 +128,7 @@ class OpenAiChat : public Responder {
     if (r_.include_usage) {
       ojson j = head("chat.completion.chunk");
       j["choices"] = ojson::array();
-      j["usage"] = usage_json(u);
+      j["usage"] = usage_json(u, reasoning_tokens());
       out += sse(j.dump());
     }
     return out + "data: [DONE]\n\n";
@@ -142,11 +151,16 @@ class OpenAiChat : public Responder {
       if (r_.logprobs) ch["logprobs"] = {{"content", c.logprobs}};
       j["choices"].push_back(std::move(ch));
     }
-    j["usage"] = usage_json(u);
+    j["usage"] = usage_json(u, reasoning_tokens());
     return j.dump();
   }
 
  private:
+  int64_t reasoning_tokens() const {
+    int64_t n = 0;
+    for (const auto& c : choices_) n += c.reasoning_tokens;
+    return n;
+  }
   ojson head(const char* object) const {
     return {{"id", id_}, {"object", object}, {"created", created_}, {"model", r_.model}, {"system_fingerprint", "dsv4"}};
   }
@@ -177,6 +191,7 @@ class OpenAiChat : public Responder {
   std::vector<ChoiceText> choices_;
   std::string id_;
   int64_t created_;
+  int32_t think_end_;
 };
 
 // /v1/completions: raw text, no chat parsing.

@@ -279,11 +279,7 @@ class OpenAiResponses : public Responder {
   }
 
   std::string event(const Event& e) override {
-    // Reasoning tokens: those up to and including "</think>" (all of a thinking answer without one).
-    for (int32_t id : e.ids) {
-      if (r_.mode == ChatMode::Thinking && !thought_) ++reasoning_tokens_;
-      if (id == think_end_) thought_ = true;
-    }
+    choice_.count(e.ids, think_end_, r_.mode == ChatMode::Thinking);
     std::vector<CompletionEvent> ev;
     if (e.kind == Event::Text) ev = choice_.feed(e.text);
     // Cut short by max_output_tokens: the item open then (a call too, closed by finish()) is
@@ -334,7 +330,7 @@ class OpenAiResponses : public Responder {
     const ojson usage = {{"input_tokens", u.prompt_tokens},
                          {"input_tokens_details", {{"cached_tokens", u.cached_tokens}}},
                          {"output_tokens", u.completion_tokens},
-                         {"output_tokens_details", {{"reasoning_tokens", std::min(reasoning_tokens_, u.completion_tokens)}}},
+                         {"output_tokens_details", {{"reasoning_tokens", std::min(choice_.reasoning_tokens, u.completion_tokens)}}},
                          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
     ojson o = object(incomplete_ ? "incomplete" : "completed", usage);
     if (incomplete_) o["incomplete_details"] = {{"reason", "max_output_tokens"}};
@@ -460,9 +456,9 @@ class OpenAiResponses : public Responder {
   ChoiceText choice_;
   ojson output_ = ojson::array();
   std::string open_;  // the open item's type: reasoning | message | function_call | ""
-  int64_t seq_ = 0, reasoning_tokens_ = 0;
+  int64_t seq_ = 0;
   int32_t think_end_ = -1;
-  bool thought_ = false, incomplete_ = false, kept_done_ = false;
+  bool incomplete_ = false, kept_done_ = false;
 };
 
 }  // namespace

@@ -44,6 +44,14 @@ test('non-streamed answer == concatenated stream (thinking mode)', async () => {
   assert.strictEqual(streamed.choices[0].finish_reason, full.choices[0].finish_reason);
   assert.strictEqual(streamed.usage.completion_tokens, full.usage.completion_tokens);
   assert.strictEqual(streamed.usage.prompt_tokens, full.usage.prompt_tokens);
+  // Reasoning tokens (the tokens through </think>) and DeepSeek's cache fields, both forms alike.
+  const r = full.usage.completion_tokens_details.reasoning_tokens;
+  assert.ok(r > 0 && r <= full.usage.completion_tokens, JSON.stringify(full.usage));
+  assert.strictEqual(streamed.usage.completion_tokens_details.reasoning_tokens, r);
+  assert.strictEqual(full.usage.prompt_cache_hit_tokens + full.usage.prompt_cache_miss_tokens, full.usage.prompt_tokens);
+  assert.strictEqual(full.usage.prompt_cache_hit_tokens, full.usage.prompt_tokens_details.cached_tokens);
+  const plain = await client.chat.completions.create(chat('Hello there', { thinking: { type: 'disabled' } }));
+  assert.strictEqual(plain.usage.completion_tokens_details.reasoning_tokens, 0);
 });
 
 test('chat mode has no reasoning; stop strings cut the text', async () => {
