@@ -316,6 +316,36 @@ void check_forced_call(const ojson& tools, bool named, const std::string& name, 
   if (thinking) bad_request("tool_choice", "a tool call cannot be forced while the model reasons first; " + unforce);
 }
 
+bool read_tool_choice(const Fields& f, ParsedRequest& r, bool thinking, bool flat, std::string& forced,
+                      const std::string& unforce) {
+  const ojson* tc = f.get("tool_choice");
+  if (!tc) return false;
+  const char* name_param = flat ? "tool_choice.name" : "tool_choice.function.name";
+  bool forced_any = false;
+  if (tc->is_string()) {
+    const std::string c = tc->get<std::string>();
+    if (c == "none") r.tools = ojson::array();
+    else if (c == "required") forced_any = true;
+    else if (c != "auto")
+      bad_request("tool_choice", std::string("must be auto, none, required or {type: function, ") +
+                                     (flat ? "name" : "function: {name}") + "}, got '" + c + "'");
+  } else if (tc->is_object()) {
+    const Fields tf{*tc, "tool_choice."};
+    const std::string type = tf.string("type", "");
+    // (chat completions clients have sent the object without its type: taken as a function)
+    if (type != "function" && (flat || !type.empty()))
+      bad_request("tool_choice.type", "only a function can be chosen, got '" + type + "'");
+    const ojson* fn = flat ? tc : tf.get("function");
+    if (!fn || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) bad_request(name_param, "is required");
+    forced = (*fn)["name"].get<std::string>();
+    forced_any = true;
+  } else {
+    bad_request("tool_choice", "must be a string or an object");
+  }
+  if (forced_any) check_forced_call(r.tools, tc->is_object(), forced, name_param, thinking, unforce);
+  return forced_any;
+}
+
 // The DSML text that opens a forced tool call (tool_choice required or a named function).
 std::string forced_call_prefix(const std::string& name) {
   std::string s = std::string("\n\n<") + kDsmlText + "tool_calls>\n";
@@ -432,34 +462,9 @@ static void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts
     r.tools = *t;
   }
   r.single_tool_call = !f.boolean("parallel_tool_calls", true);
-  // tool_choice: auto (default), none (the tools are left out of the prompt), required or a
-  // named function: the answer is started with the tool-call markup (chat mode only: in thinking
-  // mode the model reasons first, and forcing markup there would cut its reasoning).
   std::string forced;
-  bool forced_any = false;
-  if (const ojson* tc = f.get("tool_choice")) {
-    if (tc->is_string()) {
-      const std::string c = tc->get<std::string>();
-      if (c == "none") {
-        r.tools = ojson::array();
-      } else if (c == "required") {
-        forced_any = true;
-      } else if (c != "auto") {
-        bad_request("tool_choice", "must be auto, none, required or {type: function, function: {name}}, got '" + c + "'");
-      }
-    } else if (tc->is_object()) {
-      auto fn = tc->find("function");
-      if (fn == tc->end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
-        bad_request("tool_choice.function.name", "is required");
-      forced = (*fn)["name"].get<std::string>();
-      forced_any = true;
-    } else {
-      bad_request("tool_choice", "must be a string or an object");
-    }
-    if (forced_any)
-      check_forced_call(r.tools, tc->is_object(), forced, "tool_choice.function.name", thinking,
-                        "disable thinking (thinking: {type: disabled}) or use tool_choice auto");
-  }
+  const bool forced_any = read_tool_choice(f, r, thinking, false, forced,
+                                           "disable thinking (thinking: {type: disabled}) or use tool_choice auto");
   json_beside_tools(r, forced_any);
   const ojson* msgs = f.get("messages");
   if (!msgs) bad_request("messages", "is required");

@@ -62,6 +62,12 @@ std::string render_messages(const nlohmann::ordered_json& rendered, const ChatOp
 // says how to ask for that).
 void check_forced_call(const nlohmann::ordered_json& tools, bool named, const std::string& name, const std::string& name_param,
                        bool thinking, const std::string& unforce);
+// OpenAI's tool_choice: auto (the default), none (the tools left out of the prompt), required, or
+// a named function: {type: function, function: {name}} on chat completions, {type: function,
+// name} (`flat`) on the Responses API. Returns whether a call is forced; `forced` names it ("":
+// any). Forcing is checked by check_forced_call.
+bool read_tool_choice(const Fields& f, ParsedRequest& r, bool thinking, bool flat, std::string& forced,
+                      const std::string& unforce);
 // The DSML text that opens a forced tool call (tool_choice required or a named function).
 std::string forced_call_prefix(const std::string& name);
 // With tools beside a JSON format, the answer is the object or a tool-call block; a forced call

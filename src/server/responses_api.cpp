@@ -175,26 +175,7 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
   if (const ojson* t = f.get("tools")) r.tools = convert_tools(*t);
   r.single_tool_call = !f.boolean("parallel_tool_calls", true);
   std::string forced;
-  bool forced_any = false;
-  if (const ojson* tc = f.get("tool_choice")) {
-    if (tc->is_string()) {
-      const std::string c = tc->get<std::string>();
-      if (c == "none") r.tools = ojson::array();
-      else if (c == "required") forced_any = true;
-      else if (c != "auto") bad_request("tool_choice", "must be auto, none, required or {type: function, name}, got '" + c + "'");
-    } else if (tc->is_object()) {
-      const Fields tf{*tc, "tool_choice."};
-      const std::string type = tf.string("type", "");
-      if (type != "function") bad_request("tool_choice.type", "only function tools can be chosen, got '" + type + "'");
-      forced = tf.string("name", "");
-      forced_any = true;
-    } else {
-      bad_request("tool_choice", "must be a string or an object");
-    }
-    if (forced_any)
-      check_forced_call(r.tools, tc->is_object(), forced, "tool_choice.name", thinking,
-                        "set reasoning.effort to none or use tool_choice auto");
-  }
+  const bool forced_any = read_tool_choice(f, r, thinking, true, forced, "set reasoning.effort to none or use tool_choice auto");
 
   // text.format: text, json_object or json_schema {name, schema, strict}: enforced as
   // response_format is on /v1/chat/completions.
