@@ -209,7 +209,8 @@ TEST_F(Responses, BadFieldsAreNamed) {
       {{{"input", "x"}, {"reasoning", {{"effort", "extreme"}}}}, "reasoning.effort"},
       {{{"input", "x"}, {"text", {{"format", {{"type", "json_schema"}, {"schema", {{"type", "object"}, {"minProperties", 1}}}}}}}},
        "text.format.schema.minProperties"},
-      {{{"input", "x"}, {"include", ojson::array({"message.output_text.logprobs"})}}, "include[0]"},
+      {{{"input", "x"}, {"include", ojson::array({3})}}, "include[0]"},
+      {{{"input", "x"}, {"top_logprobs", 21}}, "top_logprobs"},
       {{{"input", "x"}, {"n", 2}}, "n"},
       {{{"input", "x"}, {"background", true}}, "background"},
       {{{"input", "x"}, {"truncation", "auto"}}, "truncation"},
@@ -317,6 +318,62 @@ TEST_F(Responses, CutShortIsIncompleteAndFailuresAreEvents) {
   EXPECT_EQ(ev[2]["type"], "response.failed");
   EXPECT_EQ(ev[2]["response"]["status"], "failed");
   EXPECT_EQ(ev[2]["response"]["error"]["message"], "boom");
+}
+
+TEST_F(Responses, LogprobsFollowTheMessageText) {
+  // include message.output_text.logprobs: each output_text delta carries the entries of the
+  // tokens that wrote it, the part all of them; reasoning tokens (through "</think>") and a tool
+  // call's have none. One token per byte here, each with one alternative.
+  ParsedRequest r = parse(Api::OpenAiResponses, {{"input", "Hi"}, {"tools", responses_tools()}, {"top_logprobs", 1},
+                                                 {"include", ojson::array({"message.output_text.logprobs"})}});
+  ASSERT_TRUE(r.logprobs);
+  EXPECT_EQ(r.gen.top_logprobs, 1);
+  EXPECT_FALSE(parse(Api::OpenAiResponses, {{"input", "Hi"}}).logprobs);
+  const int32_t think_end = tok_->find_token("</think>").value();
+  const std::string text = std::string("Hmm.</think>Sure thing.\n\n<") + D + "tool_calls>\n<" + D + "invoke name=\"get_weather\">\n<" + D +
+                           "parameter name=\"city\" string=\"true\">Oslo</" + D + "parameter>\n</" + D + "invoke>\n</" + D + "tool_calls>";
+  for (bool stream : {false, true}) {
+    auto resp = make_responder(r, *tok_, calls_, nullptr);
+    std::string out = stream ? resp->start() : "";
+    const size_t end_at = text.find("</think>");
+    for (size_t i = 0; i < text.size();) {
+      // "</think>" is one token; every other byte one token (id 65 + its value, for the check).
+      Event e = Event::of(Event::Text);
+      const bool tag = i == end_at;
+      e.text = tag ? "</think>" : text.substr(i, 1);
+      e.ids = {tag ? think_end : 65 + static_cast<int32_t>(static_cast<unsigned char>(text[i]) % 50)};
+      e.logprobs = {-0.25f};
+      e.top = {{{e.ids[0], -0.25f}}};
+      out += resp->event(e);
+      i += e.text.size();
+    }
+    Event f = Event::of(Event::Finish);
+    f.finish_reason = "eos";
+    out += resp->event(f);
+    Usage u;
+    ojson message;
+    std::string deltas;
+    size_t delta_entries = 0;
+    if (stream) {
+      for (const ojson& e : events(out + resp->end(u))) {
+        if (e["type"] == "response.output_text.delta") deltas += e["delta"].get<std::string>(), delta_entries += e["logprobs"].size();
+        if (e["type"] == "response.completed") message = e["response"]["output"][1];
+      }
+      EXPECT_EQ(deltas, "Sure thing.");
+    } else {
+      message = ojson::parse(resp->body(u))["output"][1];
+    }
+    ASSERT_EQ(message["type"], "message") << message.dump();
+    const ojson& lp = message["content"][0]["logprobs"];
+    for (const auto& t : lp) {
+      EXPECT_EQ(t["logprob"], -0.25f);
+      EXPECT_EQ(t["top_logprobs"].size(), 1u);
+    }
+    EXPECT_EQ(lp.size(), std::string("Sure thing.").size()) << lp.dump();
+    if (stream) {
+      EXPECT_EQ(delta_entries, lp.size());
+    }
+  }
 }
 
 TEST(ResponseStore, BoundedByBytesOldestFirst) {

@@ -64,6 +64,8 @@ std::string whole_utf8_or_empty(const std::string& t) {
   }
 }
 
+}  // namespace
+
 // OpenAI's per-token logprob entries: {token, logprob, bytes, top_logprobs}.
 ojson token_logprobs(const Event& e, const Tokenizer& tok) {
   ojson out = ojson::array();
@@ -83,6 +85,8 @@ ojson token_logprobs(const Event& e, const Tokenizer& tok) {
   }
   return out;
 }
+
+namespace {
 
 class OpenAiChat : public Responder {
  public:

@@ -34,6 +34,8 @@ std::unique_ptr<Responder> make_responder(const ParsedRequest& r, const Tokenize
 // "data: <json>\n\n" (and Anthropic's "event: <name>\n" line).
 std::string sse(const std::string& json);
 std::string sse_event(const std::string& name, const std::string& json);
+// OpenAI's log-probability entries of a Text event's tokens: {token, logprob, bytes, top_logprobs}.
+nlohmann::ordered_json token_logprobs(const Event& e, const Tokenizer& tok);
 // Seconds since the epoch (the answers' "created").
 int64_t now_s();
 

@@ -128,7 +128,10 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
   if (f.boolean("background", false)) bad_request("background", "background responses are not supported");
   if (f.get("conversation")) bad_request("conversation", "the Conversations API is not supported; use previous_response_id or send the input");
   if (f.get("prompt")) bad_request("prompt", "prompt templates are not supported");
-  if (f.integer("top_logprobs", 0, 0, 20) != 0) bad_request("top_logprobs", "log-probabilities are not offered on /v1/responses (use /v1/chat/completions)");
+  // Log-probabilities of the answer's text: include "message.output_text.logprobs", with
+  // top_logprobs alternatives per token (which alone asks for them too).
+  const int64_t top = f.integer("top_logprobs", 0, 0, 20);
+  r.logprobs = top > 0;
   const std::string truncation = f.string("truncation", "disabled");
   if (truncation != "disabled") bad_request("truncation", "only 'disabled' is supported, got '" + truncation + "'");
   if (const ojson* inc = f.get("include")) {
@@ -137,10 +140,10 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
       if (!(*inc)[i].is_string()) bad_request("include[" + std::to_string(i) + "]", "must be a string");
       const std::string v = (*inc)[i].get<std::string>();
       if (v == "reasoning.encrypted_content") r.reasoning_in_encrypted_content = true;
-      if (v == "message.output_text.logprobs")
-        bad_request("include[" + std::to_string(i) + "]", "log-probabilities are not offered on /v1/responses (use /v1/chat/completions)");
+      if (v == "message.output_text.logprobs") r.logprobs = true;
     }
   }
+  r.gen.top_logprobs = r.logprobs ? static_cast<int>(top) : -1;
   r.store_response = f.boolean("store", true);
   if (const ojson* m = f.get("metadata"); m && !m->is_object()) bad_request("metadata", "must be an object");
 
@@ -238,6 +241,7 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
                 {"text", text},
                 {"tool_choice", f.get("tool_choice") ? *f.get("tool_choice") : ojson("auto")},
                 {"tools", f.get("tools") ? *f.get("tools") : ojson::array()},
+                {"top_logprobs", top},
                 {"top_p", r.gen.sampling.top_p},
                 {"truncation", truncation},
                 {"metadata", f.get("metadata") ? *f.get("metadata") : ojson::object()}};
@@ -250,7 +254,7 @@ namespace {
 class OpenAiResponses : public Responder {
  public:
   OpenAiResponses(const ParsedRequest& r, const Tokenizer& tok, ToolCallStore& calls, ResponseStore* kept)
-      : r_(r), calls_(calls), kept_(kept), id_(ToolCallStore::new_id("resp_")), created_(now_s()), choice_(r, "call_") {
+      : r_(r), tok_(tok), calls_(calls), kept_(kept), id_(ToolCallStore::new_id("resp_")), created_(now_s()), choice_(r, "call_") {
     if (auto t = tok.find_token("</think>")) think_end_ = *t;
   }
 
@@ -261,6 +265,15 @@ class OpenAiResponses : public Responder {
 
   std::string event(const Event& e) override {
     choice_.count(e.ids, think_end_, r_.mode == ChatMode::Thinking);
+    if (r_.logprobs && !e.ids.empty()) {
+      // The tokens' entries wait for the text delta they wrote (text can be held back while it
+      // might still be markup); those through "</think>" were reasoning and are dropped.
+      ojson lp = token_logprobs(e, tok_);
+      for (size_t i = 0; i < lp.size(); ++i) {
+        if (e.ids[i] == think_end_ && r_.mode == ChatMode::Thinking) pending_lp_.clear();
+        else pending_lp_.push_back(std::move(lp[i]));
+      }
+    }
     std::vector<CompletionEvent> ev;
     if (e.kind == Event::Text) ev = choice_.feed(e.text);
     // Cut short by max_output_tokens: the item open then (a call too, closed by finish()) is
@@ -388,7 +401,7 @@ class OpenAiResponses : public Responder {
       if (r_.reasoning_in_encrypted_content) item["encrypted_content"] = part["text"];
     } else if (open_ == "message") {
       const ojson& part = item["content"][0];
-      out += emit("response.output_text.done", merge(part_where(), {{"text", part["text"]}, {"logprobs", ojson::array()}}));
+      out += emit("response.output_text.done", merge(part_where(), {{"text", part["text"]}, {"logprobs", part["logprobs"]}}));
       out += emit("response.content_part.done", merge(part_where(), {{"part", part}}));
       item["status"] = status;
     } else {
@@ -410,16 +423,24 @@ class OpenAiResponses : public Responder {
     std::string out;
     switch (x.kind) {
       case Kind::Reasoning:
+        pending_lp_.clear();  // reasoning tokens: OpenAI gives no log-probabilities for them
         out += open_item("reasoning");
         append(output_.back()["content"][0]["text"], x.text);
         out += emit("response.reasoning_text.delta", merge(part_where(), {{"delta", x.text}}));
         break;
-      case Kind::Content:
+      case Kind::Content: {
         out += open_item("message");
         append(output_.back()["content"][0]["text"], x.text);
-        out += emit("response.output_text.delta", merge(part_where(), {{"delta", x.text}, {"logprobs", ojson::array()}}));
+        ojson lp = ojson::array();
+        lp.swap(pending_lp_);
+        for (const auto& t : lp) output_.back()["content"][0]["logprobs"].push_back(t);
+        out += emit("response.output_text.delta", merge(part_where(), {{"delta", x.text}, {"logprobs", lp}}));
         break;
-      case Kind::ToolCallBegin: out += open_item("function_call", x.index); break;
+      }
+      case Kind::ToolCallBegin:
+        pending_lp_.clear();  // the call's markup and arguments are not the message's text
+        out += open_item("function_call", x.index);
+        break;
       case Kind::ToolCallArguments:
         append(output_.back()["arguments"], x.text);
         out += emit("response.function_call_arguments.delta", merge(where(), {{"delta", x.text}}));
@@ -430,8 +451,10 @@ class OpenAiResponses : public Responder {
   }
 
   const ParsedRequest& r_;
+  const Tokenizer& tok_;
   ToolCallStore& calls_;
   ResponseStore* kept_;
+  ojson pending_lp_ = ojson::array();  // log-probability entries of tokens whose text is not out yet
   std::string id_;
   int64_t created_;
   ChoiceText choice_;

@@ -48,6 +48,26 @@ test('a response whole == its stream, in both modes', async () => {
   }
 });
 
+test('log-probabilities of the message text, streamed as not', async () => {
+  const req = ask('Hello there', { reasoning: { effort: 'none' }, max_output_tokens: 8, top_logprobs: 2,
+    include: ['message.output_text.logprobs'] });
+  const full = await client.responses.create(req);
+  const lp = full.output[0].content[0].logprobs;
+  assert.strictEqual(lp.length, full.usage.output_tokens);  // chat mode: every token is text
+  for (const t of lp) assert.ok(t.logprob <= 0 && t.top_logprobs.length === 2 && t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob);
+  const stream = client.responses.stream(req);
+  const fromDeltas = [];
+  let last;
+  for await (const e of stream) {
+    if (e.type === 'response.output_text.delta') fromDeltas.push(...e.logprobs);
+    last = e;
+  }
+  assert.deepStrictEqual(fromDeltas.map((t) => t.logprob), lp.map((t) => t.logprob));
+  // (the SDK's accumulated snapshot keeps no logprobs; the final event's response has them)
+  assert.strictEqual(last.type, 'response.incomplete');
+  assert.deepStrictEqual(last.response.output[0].content[0].logprobs.map((t) => t.token), lp.map((t) => t.token));
+});
+
 test('the same conversation through chat completions gives the same answer', async () => {
   const history = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Name a color' }];
   for (const effort of ['high', 'none']) {
