@@ -257,6 +257,23 @@ TEST_F(Generate, AcceptedDraftsEqualPlainGreedy) {
     EXPECT_EQ(got_s.tokens, want_s.tokens) << "seed " << seed;
     EXPECT_GT(got_s.accepted, 0) << "seed " << seed;
   }
+  // A JSON answer: each verified row is masked after the picks before it (the constraint is
+  // pushed as they are taken), so drafting changes nothing but the steps.
+  for (float temperature : {0.0f, 0.7f}) {
+    GenerateOptions o = plain;
+    o.json = JsonGrammar::any_object();
+    o.sampling.temperature = temperature;
+    o.sampling.seed = 11;
+    const GenerateResult want_j = run(o);
+    ASSERT_FALSE(want_j.tokens.empty());
+    const std::string text = m.tokenizer().decode(want_j.tokens);
+    ASSERT_NE(text.find_first_not_of(" \t\r\n"), std::string::npos) << text;
+    EXPECT_EQ(text[text.find_first_not_of(" \t\r\n")], '{') << text;
+    o.draft = 3;
+    const GenerateResult got_j = run(o);
+    EXPECT_EQ(got_j.tokens, want_j.tokens) << "temperature " << temperature;
+    EXPECT_GT(got_j.drafted, 0);
+  }
 }
 
 // Greedy speculative decoding with MTP drafts gives exactly the plain greedy output, for every

@@ -88,7 +88,6 @@ GenerateOptions gen_options(const Args& a) {
       throw Error(schema_file + ": " + e.what());
     }
   }
-  if (o.json && o.draft > 0) throw Usage("--draft cannot be combined with --json-object / --json-schema");
   if (o.max_new_tokens < 0) throw Usage("-n must be >= 0");
   if (o.draft < 0 || o.draft > kCheapRewind) throw Usage("--draft must be in [0, " + std::to_string(kCheapRewind) + "]");
   validate(o.sampling);

@@ -85,7 +85,8 @@ Commands:
                          this machine: `dsv4 bench --draft 1,2`
       --reasoning-effort max   the official encoder's maximum-effort instruction
       --json-object      the answer (after the reasoning in thinking mode) is one JSON object:
-                         tokens that cannot continue it are masked (no --draft)
+                         tokens that cannot continue it are masked (drafts, too, are
+                         checked through the mask: the same answer)
       --json-schema F    the same, an object of the JSON schema in file F (the subset
                          docs/server.md lists; other keywords are an error naming them), also
                          shown to the model in the system message

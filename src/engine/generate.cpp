@@ -46,12 +46,12 @@ int64_t reuse_prefix(Engine& e, Session& s, const std::vector<int32_t>& prompt, 
 
 }  // namespace
 
-int64_t check_drafts(Sampler& sampler, const float* logits, int64_t V, const std::vector<int32_t>& drafts,
-                     const std::vector<int32_t>& history, const std::function<bool(int32_t id, int64_t rows)>& take) {
+int64_t check_drafts(const std::function<int32_t(const float* row)>& pick, const float* logits, int64_t V,
+                     const std::vector<int32_t>& drafts, const std::function<bool(int32_t id, int64_t rows)>& take) {
   const int64_t n = static_cast<int64_t>(drafts.size());
   int64_t rows = 0;
   for (;;) {
-    const int32_t id = sampler.sample(logits + rows * V, V, history);
+    const int32_t id = pick(logits + rows * V);
     ++rows;
     // A right draft: its row's logits are the next ones.
     if (!take(id, rows) || rows > n || id != drafts[static_cast<size_t>(rows - 1)]) return rows;
@@ -72,9 +72,6 @@ GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& promp
   if (opt.draft < 0 || opt.draft > kCheapRewind)
     throw Error("draft must be in [0, " + std::to_string(kCheapRewind) + "], got " + std::to_string(opt.draft));
   if (opt.draft > 0 && !info.has_mtp) throw Error(info.dir + " has no MTP block to draft with", ErrorKind::Unsupported);
-  if (opt.draft > 0 && opt.json)
-    throw Error("a JSON answer cannot be drafted (each verified row would need the mask of the picks before it)",
-                ErrorKind::Unsupported);
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= V)
       throw Error("prompt token id " + std::to_string(prompt[i]) + " at index " + std::to_string(i) + " is outside the model's vocabulary [0, " +
@@ -169,9 +166,9 @@ GenerateResult generate(Engine& e, Session& s, const std::vector<int32_t>& promp
     logits = std::move(e.step({req})[0].logits);
     ++r.steps;
     r.drafted += n;
-    const int64_t used = check_drafts(sampler, logits.data(), V, drafts, history, [&](int32_t pick, int64_t rows) {
-      id = pick;
-      return go = take(pick, base + rows);
+    const int64_t used = check_drafts(pick, logits.data(), V, drafts, [&](int32_t picked, int64_t rows) {
+      id = picked;
+      return go = take(picked, base + rows);
     });
     r.accepted += used - 1;
     // The sequence keeps id's predecessor and the accepted drafts: base + used positions.

@@ -25,7 +25,8 @@ struct GenerateOptions {
   int64_t context_limit = 0;              // 0 = the engine's context
   int64_t draft = 0;                      // MTP drafts per step (0 = off)
   // The answer is one JSON object of this grammar (engine/json_constraint.h), after its reasoning
-  // when json_after_reasoning (thinking mode); null: free text. Cannot be combined with drafts.
+  // when json_after_reasoning (thinking mode); null: free text. Drafts are verified row by row
+  // through the mask, so the answer is the one without drafts.
   std::shared_ptr<const JsonGrammar> json;
   bool json_after_reasoning = false;
 };
@@ -44,14 +45,16 @@ struct GenerateResult {
 using TextSink = std::function<void(std::string_view)>;
 
 // Speculative decoding's check, after a step that fed a token and `drafts` after it with every
-// row's logits (V per row): the sampler picks from row 0, and goes on to each next row while its
-// pick equals the draft fed there, so every pick is the one decoding token by token makes.
-// take(id, rows) receives each pick with the rows consumed so far and returns false to stop
-// there; `history` is what the sampler's penalties see (take appends to it). Returns the rows
+// row's logits (V per row): pick(row) chooses from row 0, and goes on to each next row while its
+// pick equals the draft fed there, so every pick is the one decoding token by token makes. The
+// rows are picked in order, each after take() has seen the one before: a pick whose rules depend
+// on the picks before it (penalties on the history take appends to, a JSON constraint that
+// pick pushes its token into) sees exactly what it would without drafts. take(id, rows) receives
+// each pick with the rows consumed so far and returns false to stop there. Returns the rows
 // consumed: the sequence keeps its first (position before the step) + rows positions, and
 // rows - 1 drafts were confirmed.
-int64_t check_drafts(Sampler& sampler, const float* logits, int64_t V, const std::vector<int32_t>& drafts,
-                     const std::vector<int32_t>& history, const std::function<bool(int32_t id, int64_t rows)>& take);
+int64_t check_drafts(const std::function<int32_t(const float* row)>& pick, const float* logits, int64_t V,
+                     const std::vector<int32_t>& drafts, const std::function<bool(int32_t id, int64_t rows)>& take);
 
 // A conversation's sequence plus a snapshot at the end of the last prompt, so a follow-up
 // prompt that shares a prefix with either prefills only the rest: a live sequence can rewind

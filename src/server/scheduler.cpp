@@ -252,22 +252,26 @@ std::shared_ptr<const JsonVocab> Scheduler::json_vocab(const GenParams& p) {
   return json_vocab_;
 }
 
-// Samples choice c's next token from its logits and sends what it releases. With a logit bias or
-// a JSON constraint the pick is from the adjusted logits (the log-probabilities stay the model's).
-void Scheduler::emit(Active& a, Choice& c, const float* logits) {
-  if (a.gone) return;  // an earlier choice of the job failed
+// Choice c's next token from its logits. With a logit bias or a JSON constraint the pick is from
+// the adjusted logits (the log-probabilities stay the model's), and pushed into the constraint.
+// -1 when the constraint fails its own invariants: the job is then failed.
+int32_t Scheduler::pick(Active& a, Choice& c, const float* logits) {
   const int64_t V = engine_.info().vocab;
   const auto& bias = a.job->params.logit_bias;
-  if (!c.json && bias.empty()) return emit_id(a, c, c.sampler.sample(logits, V, c.generated), logits);
-  int32_t id;
+  if (!c.json && bias.empty()) return c.sampler.sample(logits, V, c.generated);
   try {
-    id = adjusted_pick(c.sampler, logits, V, c.generated, bias, c.json ? &*c.json : nullptr, masked_);
+    return adjusted_pick(c.sampler, logits, V, c.generated, bias, c.json ? &*c.json : nullptr, masked_);
   } catch (const Error& e) {
     a.gone = true;
-    a.job->push(Event::failed(Error(e.what(), ErrorKind::Internal)));  // the constraint's own invariants
-    return;
+    a.job->push(Event::failed(Error(e.what(), ErrorKind::Internal)));
+    return -1;
   }
-  emit_id(a, c, id, logits);
+}
+
+// Samples choice c's next token from its logits and sends what it releases.
+void Scheduler::emit(Active& a, Choice& c, const float* logits) {
+  if (a.gone) return;  // an earlier choice of the job failed
+  if (const int32_t id = pick(a, c, logits); id >= 0) emit_id(a, c, id, logits);
 }
 
 // Sends what choice c's next token `id` releases; logits (for the log-probabilities) may be null
@@ -332,9 +336,6 @@ void Scheduler::emit_id(Active& a, Choice& c, int32_t id, const float* logits) {
 // row a place (the sequence's max_positions) and a use (max_tokens: n drafts yield up to n + 1
 // tokens).
 int64_t Scheduler::drafts_for(const Active& a, const Choice& c) const {
-  // The drafts are checked against the model's picks (check_drafts): a bias or a mask (which
-  // depends on the picks before) would need each verified row adjusted first.
-  if (c.json || !a.job->params.logit_bias.empty()) return 0;
   const int64_t left = a.job->params.max_tokens - static_cast<int64_t>(c.generated.size());
   return std::max<int64_t>(0, std::min<int64_t>({opt_.draft, a.max_positions - c.seq.pos() - 1, left - 1}));
 }
@@ -342,13 +343,18 @@ int64_t Scheduler::drafts_for(const Active& a, const Choice& c) const {
 // After a step that fed c.next and c.drafts with the logits of every row: the picks of
 // check_drafts (engine/generate.h) go out one by one; what follows the last valid row is rewound.
 void Scheduler::verify(Active& a, Choice& c, const std::vector<float>& logits) {
+  if (a.gone) return;  // an earlier choice of the job failed
   const int64_t V = engine_.info().vocab, n = static_cast<int64_t>(c.drafts.size());
   const int64_t base = c.seq.pos() - n - 1;  // before next
-  const int64_t used = check_drafts(c.sampler, logits.data(), V, c.drafts, c.generated, [&](int32_t id, int64_t rows) {
-    c.keep = base + rows;  // next and the drafts confirmed so far
-    emit_id(a, c, id, logits.data() + (rows - 1) * V);
-    return !c.done;
-  });
+  // Rows are picked in order, each after the one before was emitted: a biased or constrained pick
+  // (whose mask depends on the picks before it) is the one decoding without drafts makes.
+  const int64_t used = check_drafts([&](const float* row) { return pick(a, c, row); }, logits.data(), V, c.drafts,
+                                    [&](int32_t id, int64_t rows) {
+                                      if (id < 0) return false;  // the job failed
+                                      c.keep = base + rows;      // next and the drafts confirmed so far
+                                      emit_id(a, c, id, logits.data() + (rows - 1) * V);
+                                      return !c.done;
+                                    });
   c.keep = -1;
   if (!c.done && c.seq.pos() > base + used) engine_.truncate(c.seq, base + used);
   metrics_.drafts(n, used - 1);

@@ -57,11 +57,11 @@ struct GenParams {
   int n = 1;                              // choices, sharing one prefill (fork)
   int top_logprobs = -1;                  // -1: no logprobs; 0..20: the sampled token's + that many
   // logit_bias: added to the logits before each pick (log-probabilities stay the model's). Such
-  // choices pick on the host and never draft.
+  // choices pick on the host (drafts are verified row by row, each after the picks before it).
   std::vector<std::pair<int32_t, float>> logit_bias;
   // response_format json_object / json_schema: each choice is one JSON object of this grammar,
   // after its reasoning when it starts with one (engine/json_constraint.h); null: free text.
-  // Such choices pick on the host and never draft.
+  // Such choices pick on the host (drafting as above).
   std::shared_ptr<const JsonGrammar> json;
   bool json_or_tool_call = false;         // with tools: the answer may be a tool-call block instead
   bool reasoning_first = false;           // the answer starts with reasoning (thinking mode)
@@ -187,6 +187,7 @@ class Scheduler {
   void finish_choice(Active& a, Choice& c, const std::string& reason);
   void retire(Active& a);
   bool picks_in_step(const Active& a, const Choice& c) const;
+  int32_t pick(Active& a, Choice& c, const float* logits);
   void emit(Active& a, Choice& c, const float* logits);
   void emit_id(Active& a, Choice& c, int32_t id, const float* logits);
   int64_t drafts_for(const Active& a, const Choice& c) const;

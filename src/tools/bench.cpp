@@ -102,7 +102,8 @@ void measure_drafts(Engine& engine, const BenchOptions& o, Prefill& prefill, int
       req.logits = Rows::All;
       const int64_t base = f.pos();
       const std::vector<float> logits = std::move(engine.step({req})[0].logits);
-      const int64_t used = check_drafts(greedy, logits.data(), V, drafts, no_history, [&](int32_t pick, int64_t) {
+      const int64_t used = check_drafts([&](const float* row) { return greedy.sample(row, V, no_history); }, logits.data(), V,
+                                        drafts, [&](int32_t pick, int64_t) {
         next = pick;
         return true;
       });

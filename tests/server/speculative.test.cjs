@@ -1,6 +1,7 @@
 // `dsv4 serve --draft N` (speculative decoding with the MTP block) answers exactly what the same
 // server without drafts answers: greedy and seeded, streamed or not, n > 1, stop strings,
-// log-probabilities, max_tokens cut inside a step's accepted drafts, requests batched together.
+// log-probabilities, max_tokens cut inside a step's accepted drafts, requests batched together,
+// JSON-constrained and biased answers.
 // On the demo model no draft is ever right; the agreeing model (harness.cjs) makes the drafts
 // right now and then, so accepted and rejected drafts both happen.
 const test = require('node:test');
@@ -85,6 +86,28 @@ test('batched: 6 concurrent requests with drafts each == alone without', async (
   for (const r of reqs) alone.push(await a.chat.completions.create(r));
   const together = await Promise.all(reqs.map((r) => b.chat.completions.create(r)));
   reqs.forEach((_, i) => same(alone[i], together[i], `request ${i}`));
+});
+
+test('constrained and biased answers draft too, and equal those without drafts', async () => {
+  // Each verified row is picked after the picks before it, so its mask (JSON) and bias are the
+  // ones decoding without drafts applies.
+  const drafted0 = await metric(spec.url, 'dsv4_draft_tokens_total');
+  const accepted0 = await metric(spec.url, 'dsv4_draft_accepted_tokens_total');
+  const unit = { type: 'object', properties: { unit: { enum: ['C', 'F'] }, note: { type: 'string', maxLength: 12 } },
+    required: ['unit', 'note'], additionalProperties: false };
+  const cases = [
+    ['json_object, chat mode', chat('Answer in JSON', { response_format: { type: 'json_object' }, thinking: { type: 'disabled' } })],
+    ['json_object, thinking, seeded', chat('Answer in JSON', { response_format: { type: 'json_object' }, temperature: 0.8, seed: 4 })],
+    ['json_schema', chat('Units?', { response_format: { type: 'json_schema', json_schema: { name: 'u', schema: unit } },
+      thinking: { type: 'disabled' }, max_tokens: 60 })],
+    ['logit_bias', chat('Tell me about rivers.', { logit_bias: { 4: 3, 95: 2, 63: -5 }, thinking: { type: 'disabled' } })],
+    ['json, n = 2', chat('Answer in JSON', { response_format: { type: 'json_object' }, temperature: 0.9, seed: 8, n: 2,
+      thinking: { type: 'disabled' } })],
+  ];
+  for (const [what, req] of cases) same(await a.chat.completions.create(req), await b.chat.completions.create(req), what);
+  const drafted = (await metric(spec.url, 'dsv4_draft_tokens_total')) - drafted0;
+  const accepted = (await metric(spec.url, 'dsv4_draft_accepted_tokens_total')) - accepted0;
+  assert.ok(drafted > 0 && accepted > 0, `drafted ${drafted}, accepted ${accepted}`);
 });
 
 test('drafts were accepted and rejected', async () => {
