@@ -81,6 +81,9 @@ TEST_F(ServerRequest, ChatBadFieldsName) {
   const std::vector<Bad> cases = {
       {R"("temperature":"hot")", "temperature"},
       {R"("temperature":2.5)", "temperature"},
+      {R"("modalities":["text","audio"])", "modalities"},
+      {R"("audio":{"voice":"alloy","format":"wav"})", "audio"},
+      {R"("web_search_options":{})", "web_search_options"},
       {R"("top_p":0)", "top_p"},
       {R"("top_k":-2)", "top_k"},
       {R"("min_p":1)", "min_p"},
@@ -188,6 +191,7 @@ TEST_F(ServerRequest, AnthropicBadFieldsName) {
       {anthropic_body(R"("thinking":{"type":"maybe"})"), "thinking.type"},
       {anthropic_body(R"("thinking":{"type":"adaptive","display":"full"})"), "thinking.display"},
       {anthropic_body(R"("output_config":{"effort":"extreme"})"), "output_config.effort"},
+      {anthropic_body(R"("mcp_servers":[{"type":"url","url":"https://x","name":"x"}])"), "mcp_servers"},
       {anthropic_body(R"("tools":[{"description":"no name"}])"), "tools[0].name"},
       {anthropic_body(R"("output_config":3)"), "output_config"},
       {anthropic_body(R"("output_config":{"format":{"type":"json_object"}})"), "output_config.format.type"},

@@ -444,6 +444,14 @@ static void parse_openai_chat(const ojson& j, ParsedRequest& r, const ModelFacts
   if (top >= 0 && !r.logprobs) bad_request("top_logprobs", "needs logprobs: true");
   r.gen.top_logprobs = r.logprobs ? static_cast<int>(std::max<int64_t>(top, 0)) : -1;
   const ojson schema = read_response_format(f, r);
+  // What would change the answer and cannot be done here is refused, not ignored.
+  if (const ojson* m = f.get("modalities")) {
+    if (!m->is_array()) bad_request("modalities", "must be a list");
+    for (const auto& x : *m)
+      if (x != "text") bad_request("modalities", "only text output is offered, got " + x.dump());
+  }
+  if (f.get("audio")) bad_request("audio", "audio output is not offered");
+  if (f.get("web_search_options")) bad_request("web_search_options", "web search is not offered");
   const bool thinking = read_thinking(f, true);  // on by default, as in DeepSeek's API
   r.mode = thinking ? ChatMode::Thinking : ChatMode::Chat;
   r.gen.reasoning_first = thinking;
@@ -536,6 +544,8 @@ static void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& 
   if (!f.get("max_tokens") && !lim.count_only) bad_request("max_tokens", "is required");
   const int64_t max_tokens = f.integer("max_tokens", 0, 1, 1 << 30);
   // Thinking is off unless asked for, as in Anthropic's API.
+  if (const ojson* m = f.get("mcp_servers"); m && !(m->is_array() && m->empty()))
+    bad_request("mcp_servers", "the MCP connector is not offered: connect the servers in the client and send their tools");
   // enabled (a budget), adaptive (the model decides how much) and between_tools all mean V4's
   // thinking mode: it reasons before each answer, as much as it sees fit.
   bool thinking = false;
