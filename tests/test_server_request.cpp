@@ -192,6 +192,7 @@ TEST_F(ServerRequest, AnthropicBadFieldsName) {
       {anthropic_body(R"("thinking":{"type":"adaptive","display":"full"})"), "thinking.display"},
       {anthropic_body(R"("output_config":{"effort":"extreme"})"), "output_config.effort"},
       {anthropic_body(R"("mcp_servers":[{"type":"url","url":"https://x","name":"x"}])"), "mcp_servers"},
+      {anthropic_body(R"("tools":[{"type":"web_search_20250305","name":"web_search","max_uses":3}])"), "tools[0].type"},
       {anthropic_body(R"("tools":[{"description":"no name"}])"), "tools[0].name"},
       {anthropic_body(R"("output_config":3)"), "output_config"},
       {anthropic_body(R"("output_config":{"format":{"type":"json_object"}})"), "output_config.format.type"},
@@ -389,6 +390,8 @@ TEST_F(ServerRequest, ParallelToolCallsSwitch) {
   EXPECT_TRUE(parse(Api::Anthropic, anthropic_body("\"tools\":[" + kAnthropicTool +
                                                    R"(],"tool_choice":{"type":"auto","disable_parallel_tool_use":true})"))
                   .single_tool_call);
+  // (an Anthropic tool may say type "custom")
+  EXPECT_EQ(parse(Api::Anthropic, anthropic_body(R"("tools":[{"type":"custom","name":"f","input_schema":{"type":"object"}}])")).tools.size(), 1u);
   const ParsedRequest r = parse(Api::OpenAiResponses, R"({"input":"Hi","parallel_tool_calls":false})");
   EXPECT_TRUE(r.single_tool_call);
   EXPECT_EQ(r.settings["parallel_tool_calls"], false);

@@ -571,6 +571,12 @@ static void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& 
       const ojson& x = (*t)[i];
       const std::string w = "tools[" + std::to_string(i) + "]";
       if (!x.is_object() || !x.contains("name") || !x["name"].is_string()) bad_request(w + ".name", "must be a string");
+      // Anthropic-defined tools (bash_20250124, text_editor_..., web_search_20250305, ...) carry a
+      // type and no input_schema: the model would be shown a tool without its parameters, and a
+      // server tool would come back as a tool_use for the client. Refused, not ignored.
+      if (const std::string type = Fields{x, w + "."}.string("type", "custom"); type != "custom")
+        bad_request(w + ".type", "Anthropic-defined and server tools ('" + type +
+                                     "') are not offered: define the tool with name, description and input_schema");
       ojson fn = {{"name", x["name"]}};
       if (x.contains("description")) fn["description"] = x["description"];
       fn["parameters"] = x.value("input_schema", ojson::object());
