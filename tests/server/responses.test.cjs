@@ -128,8 +128,15 @@ test('input tokens are counted as the request would render them; refusals name t
   await assert.rejects(client.responses.create(ask([{ type: 'item_reference', id: 'x' }])),
     (e) => e.status === 400 && e.param === 'input[0].type');
   // /metrics counts requests by route, never by raw path (a client could grow the label set).
+  // A request is counted once its answer is sent (cpp-httplib's logger), so a /metrics asked
+  // right after may not have it yet: asked again for up to 5 s.
   assert.strictEqual((await fetch(srv.url + '/v1/no-such-path-' + Date.now())).status, 404);
-  const text = await (await fetch(srv.url + '/metrics')).text();
+  let text = '';
+  for (let i = 0; i < 50; ++i) {
+    text = await (await fetch(srv.url + '/metrics')).text();
+    if (/endpoint="other",status="404"/.test(text)) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
   assert.match(text, /dsv4_requests_total\{endpoint="other",status="404"\} [1-9]/);
   assert.match(text, /dsv4_requests_total\{endpoint="\/v1\/responses\/input_tokens",status="200"\} 1/);
   assert.doesNotMatch(text, /no-such-path/);
