@@ -386,12 +386,12 @@ class AnthropicMessages : public Responder {
           hidden_ += x.text;
           break;
         }
-        blocks_.back()["thinking"] = blocks_.back()["thinking"].get<std::string>() + x.text;
+        blocks_.back()["thinking"].get_ref<std::string&>() += x.text;  // in place, not a copy per delta
         out += delta({{"type", "thinking_delta"}, {"thinking", x.text}});
         break;
       case Kind::Content:
         out += open("text", {{"type", "text"}, {"text", ""}});
-        blocks_.back()["text"] = blocks_.back()["text"].get<std::string>() + x.text;
+        blocks_.back()["text"].get_ref<std::string&>() += x.text;
         out += delta({{"type", "text_delta"}, {"text", x.text}});
         break;
       case Kind::ToolCallBegin: {

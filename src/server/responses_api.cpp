@@ -17,15 +17,6 @@ namespace {
 // returned (an assistant turn sent back as it came).
 const std::vector<std::string> kTextParts = {"input_text", "output_text", "text"};
 
-// Joins the "text" of each element of a list of {type, text} parts (reasoning content, summary).
-std::string part_texts(const ojson* parts, const std::string& where) {
-  std::string out;
-  if (!parts) return out;
-  if (!parts->is_array()) bad_request(where, "must be a list");
-  for (size_t k = 0; k < parts->size(); ++k) out += Fields{(*parts)[k], where + "[" + std::to_string(k) + "]."}.string("text", "");
-  return out;
-}
-
 // Input items -> chat messages, appended to `out` (which may hold earlier turns already).
 // Function calls join the assistant message before them (one turn: its text, then its calls);
 // a reasoning item gives its text to the assistant message or calls that follow it.
@@ -64,9 +55,11 @@ void convert_input(const ojson& input, ojson& out) {
     } else if (type == "reasoning") {
       // The reasoning as written: its content (what this server returns), else what was put in
       // encrypted_content for a client that keeps only that, else the summary.
-      std::string text = part_texts(f.get("content"), w + ".content");
+      const ojson* content = f.get("content");
+      std::string text = content ? content_text(*content, w + ".content", {"reasoning_text"}) : "";
       if (text.empty()) text = f.string("encrypted_content", "");
-      if (text.empty()) text = part_texts(f.get("summary"), w + ".summary");
+      const ojson* summary = f.get("summary");
+      if (text.empty() && summary) text = content_text(*summary, w + ".summary", {"summary_text"});
       reasoning += text;
       have_reasoning = true;
     } else if (type == "function_call") {
@@ -417,7 +410,8 @@ class OpenAiResponses : public Responder {
     for (const auto& [k, v] : b.items()) a[k] = v;
     return a;
   }
-  static void append(ojson& s, const std::string& t) { s = s.get<std::string>() + t; }
+  // In place: copying the whole text for every delta would be quadratic in the answer's length.
+  static void append(ojson& s, const std::string& t) { s.get_ref<std::string&>() += t; }
 
   std::string item_event(const CompletionEvent& x) {
     std::string out;
