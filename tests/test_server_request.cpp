@@ -207,6 +207,10 @@ TEST_F(ServerRequest, AnthropicBadFieldsName) {
       {anthropic_body("\"tools\":[" + kAnthropicTool + R"(],"tool_choice":{"type":"tool","name":3})"), "tool_choice.name"},
       {R"({"max_tokens":16})", "messages"},
       {R"({"max_tokens":16,"messages":[{"role":"system","content":"x"}]})", "messages[0].role"},
+      {R"({"max_tokens":16,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"y"},{"role":"system","content":"z"}]})",
+       "messages[2].role"},  // a mid-conversation system message follows a user turn
+      {R"({"max_tokens":16,"messages":[{"role":"user","content":"x"},{"role":"system","content":[{"type":"image"}]}]})",
+       "messages[1].content[0].type"},
       {R"({"max_tokens":16,"messages":[{"role":1,"content":"x"}]})", "messages[0].role"},
       {R"({"max_tokens":16,"messages":[{"role":"user"}]})", "messages[0].content"},
       {R"({"max_tokens":16,"messages":[{"role":"user","content":[{"type":"image"}]}]})", "messages[0].content[0].type"},
@@ -456,6 +460,20 @@ TEST_F(ServerRequest, AnthropicToolBlocksRenderAsTheOpenAiConversation) {
   EXPECT_NE(a.prompt_text.find(">Paris</" + DSML + "parameter>"), std::string::npos);
   EXPECT_NE(a.prompt_text.find("<tool_result>22C</tool_result>"), std::string::npos);
   EXPECT_NE(a.prompt_text.find("Thanks"), std::string::npos);
+}
+
+TEST_F(ServerRequest, AnthropicMidConversationSystemRendersAsTheOpenAiOne) {
+  // Claude Code sends a system message after the user's (Anthropic's mid-conversation system
+  // messages): a system message where it sits, as in an OpenAI conversation.
+  const ParsedRequest a = parse(Api::Anthropic, R"({"max_tokens":16,"system":"Be brief.","messages":[
+      {"role":"user","content":"Hi"},
+      {"role":"system","content":[{"type":"text","text":"Agents: ","cache_control":{"type":"ephemeral"}},{"type":"text","text":"none"}]},
+      {"role":"assistant","content":"Hello."},{"role":"user","content":"Bye"}]})");
+  const ParsedRequest o = parse(Api::OpenAiChat, R"({"thinking":{"type":"disabled"},"messages":[
+      {"role":"system","content":"Be brief."},{"role":"user","content":"Hi"},{"role":"system","content":"Agents: none"},
+      {"role":"assistant","content":"Hello."},{"role":"user","content":"Bye"}]})");
+  EXPECT_EQ(a.prompt_text, o.prompt_text);
+  EXPECT_NE(a.prompt_text.find("Agents: none"), std::string::npos);
 }
 
 TEST_F(ServerRequest, CompletionPrompts) {

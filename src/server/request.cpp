@@ -644,9 +644,19 @@ static void parse_anthropic(const ojson& j, ParsedRequest& r, const ModelFacts& 
     const std::string w = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) bad_request(w, "must be an object");
     const std::string role = Fields{m, w + "."}.string("role", "");
-    if (role != "user" && role != "assistant") bad_request(w + ".role", "must be user or assistant, got '" + role + "'");
+    if (role != "user" && role != "assistant" && role != "system")
+      bad_request(w + ".role", "must be user, assistant or system, got '" + role + "'");
     auto c = m.find("content");
     if (c == m.end()) bad_request(w + ".content", "is required");
+    // A mid-conversation system message (Claude Code sends them) is a system message where it
+    // sits, rendered as the chat endpoint renders one there. Anthropic's placement: right after a
+    // user turn (the top-level `system` is the place for the first one).
+    if (role == "system") {
+      if (i == 0 || (*in)[i - 1].value("role", "") != "user")
+        bad_request(w + ".role", "a system message must follow a user message (put the first one in `system`)");
+      msgs.push_back({{"role", "system"}, {"content", content_text(*c, w + ".content")}});
+      continue;
+    }
     if (c->is_string()) {
       msgs.push_back({{"role", role}, {"content", *c}});
       continue;

@@ -314,10 +314,13 @@ class AnthropicMessages : public Responder {
     return out;
   }
 
+  // The whole usage goes in message_delta too (as Anthropic's does): message_start is sent before
+  // the prefix cache is looked up, so only here are the cached tokens known. Clients (the SDK's
+  // stream, Claude Code) take the delta's fields over the start's.
   std::string end(const Usage& u) override {
     ojson d = {{"type", "message_delta"},
                {"delta", {{"stop_reason", stop_reason_}, {"stop_sequence", stop_seq()}}},
-               {"usage", {{"output_tokens", u.completion_tokens}}}};
+               {"usage", usage(u)}};
     return sse_event("message_delta", d.dump()) + sse_event("message_stop", R"({"type":"message_stop"})");
   }
 
@@ -334,13 +337,19 @@ class AnthropicMessages : public Responder {
                {"content", content},
                {"stop_reason", stop_reason_},
                {"stop_sequence", stop_seq()},
-               {"usage", {{"input_tokens", u.prompt_tokens - u.cached_tokens},
-                          {"cache_read_input_tokens", u.cached_tokens},
-                          {"output_tokens", u.completion_tokens}}}};
+               {"usage", usage(u)}};
     return j.dump();
   }
 
  private:
+  // Anthropic's input_tokens are the ones not read from the cache; nothing is written to a cache
+  // the client pays for (cache_control is a hint here: every prompt's end is kept).
+  static ojson usage(const Usage& u) {
+    return {{"input_tokens", u.prompt_tokens - u.cached_tokens},
+            {"cache_creation_input_tokens", 0},
+            {"cache_read_input_tokens", u.cached_tokens},
+            {"output_tokens", u.completion_tokens}};
+  }
   ojson stop_seq() const { return stop_sequence_.empty() ? ojson(nullptr) : ojson(stop_sequence_); }
 
   // Opens a block of `type` unless it is the open one; returns the SSE text.

@@ -34,6 +34,29 @@ test('non-streamed message == the streamed one (text)', async () => {
   assert.strictEqual(streamed.usage.output_tokens, full.usage.output_tokens);
 });
 
+test('usage: the stream ends with the usage of the body, cached tokens included', async () => {
+  const r = req({ messages: [{ role: 'user', content: 'Usage, please: the same prompt three times' }] });
+  await client.messages.create(r);
+  const again = await client.messages.create(r);  // its prompt is now in the prefix cache
+  assert.ok(again.usage.cache_read_input_tokens > 0, JSON.stringify(again.usage));
+  assert.strictEqual(again.usage.cache_creation_input_tokens, 0);
+  // message_start goes out before the cache is looked up; message_delta carries the whole usage.
+  const streamed = await client.messages.stream(r).finalMessage();
+  assert.deepStrictEqual(streamed.usage, again.usage);
+  const { max_tokens, temperature, ...countable } = r;
+  const counted = await client.messages.countTokens(countable);
+  assert.strictEqual(again.usage.input_tokens + again.usage.cache_read_input_tokens, counted.input_tokens);
+});
+
+test('a mid-conversation system message (as Claude Code sends) is taken', async () => {
+  const r = req({ system: 'You are terse.', messages: [
+    { role: 'user', content: 'Hello' }, { role: 'system', content: [{ type: 'text', text: 'Agents: none.' }] }] });
+  const full = await client.messages.create(r);
+  assert.strictEqual(full.usage.output_tokens, 20);
+  await assert.rejects(client.messages.create(req({ messages: [{ role: 'system', content: 'x' }, { role: 'user', content: 'y' }] })),
+    (e) => e.status === 400 && /messages\[0\]\.role/.test(e.message));
+});
+
 test('thinking enabled: a thinking block first, same in both forms', async () => {
   const r = req({ thinking: { type: 'enabled', budget_tokens: 1024 }, max_tokens: 12 });
   const full = await client.messages.create(r);
