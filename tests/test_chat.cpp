@@ -206,6 +206,25 @@ TEST(ChatRoles, SystemAlone) {
   EXPECT_EQ(render_chat(parse(R"([{"role":"system","content":null}])")), BOS);
 }
 
+TEST(ChatRoles, ASystemMessageAfterAUserTurnClosesIt) {
+  // The official encoder writes no assistant opener after a system message, so [user, system]
+  // would end without one: the system message closes the user turn instead (a deliberate
+  // difference, chat.h), written as the encoder writes a system message: its text as it is.
+  const ojson last = parse(R"([{"role":"user","content":"Q"},{"role":"system","content":"S"}])");
+  EXPECT_EQ(render_chat(last, thinking()), BOS + USER + "Q" + "S" + ASSISTANT + THINK);
+  EXPECT_EQ(render_chat(last, chat()), BOS + USER + "Q" + "S" + ASSISTANT + ENDTHINK);
+  // Before an assistant turn, and several of them; an earlier turn's opener stays </think>.
+  const ojson mid = parse(R"([{"role":"user","content":"Q"},{"role":"system","content":"S"},{"role":"system","content":"T"},
+      {"role":"assistant","content":"A"},{"role":"user","content":"R"}])");
+  EXPECT_EQ(render_chat(mid, thinking()),
+            BOS + USER + "Q" + "S" + "T" + ASSISTANT + ENDTHINK + "A" + EOS + USER + "R" + ASSISTANT + THINK);
+  // Between user turns, or after an assistant turn, nothing changes.
+  const ojson between = parse(R"([{"role":"user","content":"Q"},{"role":"system","content":"S"},{"role":"user","content":"R"}])");
+  EXPECT_EQ(render_chat(between, chat()), BOS + USER + "Q" + "S" + USER + "R" + ASSISTANT + ENDTHINK);
+  const ojson after = parse(R"([{"role":"user","content":"Q"},{"role":"assistant","content":"A"},{"role":"system","content":"S"}])");
+  EXPECT_EQ(render_chat(after, chat()), BOS + USER + "Q" + ASSISTANT + ENDTHINK + "A" + EOS + "S");
+}
+
 TEST(ChatRoles, UserGetsTheGenerationPrompt) {
   const ojson m = parse(R"([{"role":"user","content":"Hi"}])");
   EXPECT_EQ(render_chat(m, thinking()), BOS + USER + "Hi" + ASSISTANT + THINK);

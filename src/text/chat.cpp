@@ -567,6 +567,20 @@ struct RenderFlags {
   bool generation_prompt;  // the suffix after the last message
 };
 
+// A system message after a user (or developer) turn, with only system messages between: the
+// official encoder writes no assistant opener after it, so [user, system] would end the prompt
+// without `<｜Assistant｜>` (and a following assistant turn would start inside the system text).
+// Such a message closes the user turn instead (clients send them: Anthropic's mid-conversation
+// system messages, trailing reminders).
+bool closes_user_turn(size_t index, const std::vector<Msg>& msgs) {
+  if (msgs[index].role != "system") return false;
+  for (size_t k = index; k-- > 0;) {
+    if (msgs[k].role == "system") continue;
+    return msgs[k].role == "user" || msgs[k].role == "developer";
+  }
+  return false;
+}
+
 std::string render_message(size_t index, const std::vector<Msg>& msgs, const RenderFlags& f) {
   std::string p;
   const Msg& m = msgs[index];
@@ -629,7 +643,7 @@ std::string render_message(size_t index, const std::vector<Msg>& msgs, const Ren
     } else {
       p += kAssistant + (f.thinking ? kThinkStart : kThinkEnd) + tok;
     }
-  } else if (m.role == "user" || m.role == "developer") {
+  } else if (m.role == "user" || m.role == "developer" || closes_user_turn(index, msgs)) {
     p += kAssistant;
     if (f.thinking && (!f.drop_thinking || static_cast<long>(index) >= last_user))
       p += kThinkStart;

@@ -32,7 +32,10 @@
 // a string) are taken as the arguments; the official encoder would wrap them in one parameter
 // named "arguments". parse_completion also accepts a text without the end-of-sentence, quotes a
 // string="false" parameter value that is not JSON as a JSON string (the official decoder writes
-// it as it is: invalid arguments JSON) and rejects an empty tool name.
+// it as it is: invalid arguments JSON) and rejects an empty tool name. A system message after a
+// user or developer turn (only system messages between) ends with the assistant opener the user
+// turn would have had: the official encoder writes none there, leaving a prompt that does not
+// open the assistant's turn.
 #include <string>
 
 #include <nlohmann/json.hpp>
