@@ -203,7 +203,15 @@ TEST_F(Responses, BadFieldsAreNamed) {
       {{{"input", ojson::array({{{"role", "user"}, {"content", ojson::array({{{"type", "input_image"}}})}}})}}, "input[0].content[0].type"},
       {{{"input", ojson::array({{{"type", "function_call"}, {"name", "f"}, {"arguments", "{}"}}})}}, "input[0].call_id"},
       {{{"input", ojson::array({{{"type", "function_call_output"}, {"call_id", "c"}}})}}, "input[0].output"},
-      {{{"input", "x"}, {"tools", ojson::array({{{"type", "web_search"}}})}}, "tools[0].type"},
+      {{{"input", "x"}, {"tools", ojson::array({{{"type", "file_search"}}})}}, "tools[0].type"},
+      {{{"input", "x"}, {"tools", ojson::array({{{"type", "namespace"}, {"name", "ns"},
+                                                 {"tools", ojson::array({{{"type", "custom"}, {"name", "patch"}}})}}})}},
+       "tools[0].tools[0].type"},
+      {{{"input", "x"}, {"tools", ojson::array({{{"type", "namespace"}, {"tools", ojson::array()}}})}}, "tools[0].name"},
+      // A namespace's function named as another tool is.
+      {{{"input", "x"}, {"tools", ojson::array({{{"type", "function"}, {"name", "ns__f"}},
+                                                {{"type", "namespace"}, {"name", "ns"}, {"tools", ojson::array({{{"type", "function"}, {"name", "f"}}})}}})}},
+       "tools[1].tools[0].name"},
       {{{"input", "x"}, {"tools", responses_tools()}, {"tool_choice", {{"type", "function"}, {"name", "nope"}}}}, "tool_choice.name"},
       {{{"input", "x"}, {"tools", responses_tools()}, {"tool_choice", "required"}}, "tool_choice"},  // while reasoning
       {{{"input", "x"}, {"reasoning", {{"effort", "extreme"}}}}, "reasoning.effort"},
@@ -225,6 +233,48 @@ TEST_F(Responses, BadFieldsAreNamed) {
   // Counting needs no room to generate.
   lim_.count_only = true;
   EXPECT_EQ(refused({{"input", std::string(3 * kContext, 'a')}}).first, 0);
+}
+
+TEST_F(Responses, NamespaceToolsAndWebSearchAsCodexSendsThem) {
+  // Codex sends function tools grouped in a namespace, and web_search. The model sees each
+  // function as NAMESPACE__NAME with the namespace's description first; web_search is left out.
+  const ojson fn = {{"type", "function"}, {"name", "spawn"}, {"description", "Start one."}, {"parameters", kWeatherParams}};
+  const ojson resp_tools = ojson::array({{{"type", "namespace"}, {"name", "agents"}, {"description", "Sub-agents."}, {"tools", ojson::array({fn})}},
+                                         {{"type", "web_search"}, {"external_web_access", false}}});
+  const ojson chat_tool = ojson::array({{{"type", "function"},
+                                         {"function", {{"name", "agents__spawn"}, {"description", "Sub-agents.\n\nStart one."}, {"parameters", kWeatherParams}}}}});
+  // The call sent back names its namespace; it renders as the model wrote it.
+  const ojson resp_input = ojson::array({{{"role", "user"}, {"content", "Go"}},
+                                         {{"type", "function_call"}, {"call_id", "c1"}, {"namespace", "agents"}, {"name", "spawn"}, {"arguments", R"({"city":"x"})"}},
+                                         {{"type", "function_call_output"}, {"call_id", "c1"}, {"output", "ok"}}});
+  const ojson chat_msgs = ojson::array({{{"role", "user"}, {"content", "Go"}},
+                                        {{"role", "assistant"}, {"tool_calls", ojson::array({{{"id", "c1"}, {"type", "function"},
+                                                                                            {"function", {{"name", "agents__spawn"}, {"arguments", R"({"city":"x"})"}}}}})}},
+                                        {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "ok"}}});
+  const ParsedRequest r = parse(Api::OpenAiResponses, {{"input", resp_input}, {"tools", resp_tools}});
+  const ParsedRequest c = parse(Api::OpenAiChat, {{"messages", chat_msgs}, {"tools", chat_tool}});
+  EXPECT_EQ(r.prompt_text, c.prompt_text);
+  EXPECT_EQ(r.prompt_text.find("web_search"), std::string::npos);
+  EXPECT_EQ(r.settings["tools"], resp_tools);  // echoed as sent
+  // A forced call names the namespace beside the function.
+  const ParsedRequest forced = parse(Api::OpenAiResponses, {{"input", "Go"}, {"tools", resp_tools}, {"reasoning", {{"effort", "none"}}},
+                                                            {"tool_choice", {{"type", "function"}, {"namespace", "agents"}, {"name", "spawn"}}}});
+  EXPECT_NE(forced.forced_prefix.find("invoke name=\"agents__spawn\""), std::string::npos);
+  // The model's call comes back as the namespace's function, streamed and not.
+  const std::string text = "</think>\n\n<" + D + "tool_calls>\n<" + D + "invoke name=\"agents__spawn\">\n<" + D +
+                           "parameter name=\"city\" string=\"true\">Oslo</" + D + "parameter>\n</" + D + "invoke>\n</" + D + "tool_calls>";
+  ParsedRequest q = parse(Api::OpenAiResponses, {{"input", "Go"}, {"tools", resp_tools}, {"store", false}});
+  auto resp = make_responder(q, *tok_, calls_, nullptr);
+  const ojson body = ojson::parse(run(*resp, *tok_, text, 1 << 20, "eos", false));
+  const ojson& item = body["output"].back();
+  EXPECT_EQ(item["type"], "function_call");
+  EXPECT_EQ(item["name"], "spawn");
+  EXPECT_EQ(item["namespace"], "agents");
+  auto streamed = make_responder(q, *tok_, calls_, nullptr);
+  const std::vector<ojson> ev = events(run(*streamed, *tok_, text, 5, "eos", true));
+  const ojson items = rebuild(ev);
+  EXPECT_EQ(items.back()["name"], "spawn");
+  EXPECT_EQ(items.back()["namespace"], "agents");
 }
 
 TEST_F(Responses, StreamRebuildsTheBodyAndTheKeptResponseContinues) {

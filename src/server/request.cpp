@@ -316,6 +316,8 @@ void check_forced_call(const ojson& tools, bool named, const std::string& name, 
   if (thinking) bad_request("tool_choice", "a tool call cannot be forced while the model reasons first; " + unforce);
 }
 
+std::string namespaced_tool(const std::string& ns, const std::string& name) { return ns + "__" + name; }
+
 bool read_tool_choice(const Fields& f, ParsedRequest& r, bool thinking, bool flat, std::string& forced,
                       const std::string& unforce) {
   const ojson* tc = f.get("tool_choice");
@@ -338,6 +340,7 @@ bool read_tool_choice(const Fields& f, ParsedRequest& r, bool thinking, bool fla
     const ojson* fn = flat ? tc : tf.get("function");
     if (!fn || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) bad_request(name_param, "is required");
     forced = (*fn)["name"].get<std::string>();
+    if (flat && tf.get("namespace")) forced = namespaced_tool(tf.string("namespace", ""), forced);  // Responses
     forced_any = true;
   } else {
     bad_request("tool_choice", "must be a string or an object");

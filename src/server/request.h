@@ -5,6 +5,7 @@
 // (status 400, OpenAI's error body), before anything reaches the engine.
 #include <cstdint>
 #include <stdexcept>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -70,6 +71,9 @@ struct ParsedRequest {
   nlohmann::ordered_json settings;
   bool store_response = false;
   bool reasoning_in_encrypted_content = false;
+  // /v1/responses namespace tools: the model sees each function as "NAMESPACE__NAME"; this maps
+  // such a name to its namespace, for the function_call items' `namespace` and `name`.
+  std::map<std::string, std::string> tool_namespaces;
   // Anthropic thinking.display "omitted": thinking blocks go out empty, the reasoning in their
   // signature (kReasoningSignature + text), which a client sends back unchanged.
   bool reasoning_in_signature = false;

@@ -57,6 +57,10 @@ nlohmann::ordered_json chat_messages(const nlohmann::ordered_json& in, const nlo
 // the client's list was converted, when its indices differ).
 std::string render_messages(const nlohmann::ordered_json& rendered, const ChatOptions& co, const std::string& note);
 
+// How the model knows a function of a Responses namespace tool: "NAMESPACE__NAME" (V4 knows
+// tools by one name).
+std::string namespaced_tool(const std::string& ns, const std::string& name);
+
 // A forced call (tool_choice required / any, or `named` `name`): a named tool must be among
 // `tools` (a 400 on name_param); there must be tools; the model must not reason first (`unforce`
 // says how to ask for that).

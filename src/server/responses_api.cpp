@@ -1,6 +1,7 @@
 #include "server/responses_api.h"
 
 #include <algorithm>
+#include <set>
 
 #include "server/choice_text.h"
 #include "server/request_parts.h"
@@ -67,10 +68,12 @@ void convert_input(const ojson& input, ojson& out) {
       if (call_id.empty()) bad_request(w + ".call_id", "is required");
       if (name.empty()) bad_request(w + ".name", "is required");
       if (!f.get("arguments")) bad_request(w + ".arguments", "is required (a JSON object text)");
+      const std::string ns = f.string("namespace", "");
       ojson& a = assistant_turn(true);
       if (!a.contains("tool_calls")) a["tool_calls"] = ojson::array();
-      a["tool_calls"].push_back(
-          {{"id", call_id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", f.string("arguments", "")}}}});
+      a["tool_calls"].push_back({{"id", call_id},
+                                 {"type", "function"},
+                                 {"function", {{"name", ns.empty() ? name : namespaced_tool(ns, name)}, {"arguments", f.string("arguments", "")}}}});
     } else if (type == "function_call_output") {
       const std::string call_id = f.string("call_id", "");
       if (call_id.empty()) bad_request(w + ".call_id", "is required");
@@ -84,25 +87,61 @@ void convert_input(const ojson& input, ojson& out) {
   }
 }
 
-// Responses tools ({type: function, name, description, parameters, strict}) -> chat tools.
-ojson convert_tools(const ojson& tools) {
+// One function tool ({type: function, name, description, parameters, strict}) as a chat tool,
+// named `prefix` + its name, its description after `intro` (a namespace's).
+ojson convert_function(const ojson& tool, const std::string& w, const std::string& prefix, const std::string& intro) {
+  const Fields f{tool, w + "."};
+  const std::string name = f.string("name", "");
+  if (name.empty()) bad_request(w + ".name", "must be a non-empty string");
+  ojson fn = {{"name", prefix + name}};
+  const std::string description = f.string("description", "");
+  if (!intro.empty() || f.get("description")) fn["description"] = intro.empty() ? description : intro + "\n\n" + description;
+  if (const ojson* p = f.get("parameters"); p && !p->is_null()) {
+    if (!p->is_object()) bad_request(w + ".parameters", "must be an object (a JSON Schema)");
+    fn["parameters"] = *p;
+  }
+  return {{"type", "function"}, {"function", fn}};
+}
+
+// Responses tools -> chat tools: function tools, and the functions of namespace tools ({type:
+// namespace, name, description, tools: [function, ...]}, which Codex sends) named
+// NAMESPACE__NAME, recorded in r.tool_namespaces. Web search is left out: Codex offers it with
+// every request, and this server cannot search (the model is not told of it). Other hosted
+// and custom tools are refused.
+ojson convert_tools(const ojson& tools, ParsedRequest& r) {
   if (!tools.is_array()) bad_request("tools", std::string("must be a list, got ") + type_of(tools));
   ojson out = ojson::array();
+  std::set<std::string> names;
+  auto add = [&](ojson t, const std::string& w) {
+    if (!names.insert(t["function"]["name"].get<std::string>()).second)
+      bad_request(w + ".name", "another tool has the name '" + t["function"]["name"].get<std::string>() +
+                                   "' (a namespace's functions are named NAMESPACE__NAME)");
+    out.push_back(std::move(t));
+  };
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string w = "tools[" + std::to_string(i) + "]";
     if (!tools[i].is_object()) bad_request(w, "must be an object");
     const Fields f{tools[i], w + "."};
     const std::string type = f.string("type", "");
-    if (type != "function") bad_request(w + ".type", "only function tools are supported, got '" + type + "'");
-    const std::string name = f.string("name", "");
-    if (name.empty()) bad_request(w + ".name", "must be a non-empty string");
-    ojson fn = {{"name", name}};
-    if (f.get("description")) fn["description"] = f.string("description", "");
-    if (const ojson* p = f.get("parameters")) {
-      if (!p->is_object()) bad_request(w + ".parameters", "must be an object (a JSON Schema)");
-      fn["parameters"] = *p;
+    if (type == "function") {
+      add(convert_function(tools[i], w, "", ""), w);
+    } else if (type == "namespace") {
+      const std::string ns = f.string("name", "");
+      if (ns.empty()) bad_request(w + ".name", "must be a non-empty string");
+      const ojson* fns = f.get("tools");
+      if (!fns || !fns->is_array()) bad_request(w + ".tools", "must be a list of function tools");
+      for (size_t k = 0; k < fns->size(); ++k) {
+        const std::string wk = w + ".tools[" + std::to_string(k) + "]";
+        if (!(*fns)[k].is_object()) bad_request(wk, "must be an object");
+        const std::string t = Fields{(*fns)[k], wk + "."}.string("type", "");
+        if (t != "function") bad_request(wk + ".type", "only function tools are supported in a namespace, got '" + t + "'");
+        ojson fn = convert_function((*fns)[k], wk, namespaced_tool(ns, ""), f.string("description", ""));
+        r.tool_namespaces[fn["function"]["name"].get<std::string>()] = ns;
+        add(std::move(fn), wk);
+      }
+    } else if (type.rfind("web_search", 0) != 0) {
+      bad_request(w + ".type", "only function and namespace tools are supported (web_search is left out), got '" + type + "'");
     }
-    out.push_back({{"type", "function"}, {"function", fn}});
   }
   return out;
 }
@@ -168,7 +207,7 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
   r.mode = co.mode = thinking ? ChatMode::Thinking : ChatMode::Chat;
   r.gen.reasoning_first = thinking;
 
-  if (const ojson* t = f.get("tools")) r.tools = convert_tools(*t);
+  if (const ojson* t = f.get("tools")) r.tools = convert_tools(*t, r);
   r.single_tool_call = !f.boolean("parallel_tool_calls", true);
   std::string forced;
   const bool forced_any = read_tool_choice(f, r, thinking, true, forced, "set reasoning.effort to none or use tool_choice auto");
@@ -371,6 +410,9 @@ class OpenAiResponses : public Responder {
       const auto& c = choice_.calls[static_cast<size_t>(call)];
       item = {{"id", ToolCallStore::new_id("fc_")}, {"type", "function_call"}, {"status", "in_progress"},
               {"call_id", c.id}, {"name", c.name}, {"arguments", ""}};
+      // A namespace's function: its own name and its namespace, as the client declared them.
+      if (auto ns = r_.tool_namespaces.find(c.name); ns != r_.tool_namespaces.end())
+        item["name"] = c.name.substr(ns->second.size() + 2), item["namespace"] = ns->second;
     }
     output_.push_back(item);
     out += emit("response.output_item.added", {{"output_index", output_.size() - 1}, {"item", item}});

@@ -123,8 +123,18 @@ test('input tokens are counted as the request would render them; refusals name t
   const r = await client.responses.create(req);
   assert.strictEqual(counted.input_tokens, r.usage.input_tokens);
   assert.strictEqual(r.tools[0].name, 'get_weather');  // echoed as sent
-  await assert.rejects(client.responses.create(ask('x', { tools: [{ type: 'web_search' }] })),
+  await assert.rejects(client.responses.create(ask('x', { tools: [{ type: 'file_search', vector_store_ids: ['vs'] }] })),
     (e) => e.status === 400 && e.param === 'tools[0].type');
+  // As Codex sends them: functions in a namespace (counted as their NAMESPACE__NAME functions)
+  // and web_search (left out: the prompt is that of the functions alone).
+  const spaced = [{ type: 'namespace', name: 'weather', description: 'Weather tools.', tools: [{ ...tools[0], name: 'get' }] },
+    { type: 'web_search', external_web_access: false }];
+  const flat = [{ ...tools[0], name: 'weather__get', description: 'Weather tools.\n\n' }];
+  const a = await client.responses.inputTokens.count({ model: 'demo', input: req.input, tools: spaced });
+  const b = await client.responses.inputTokens.count({ model: 'demo', input: req.input, tools: flat });
+  assert.strictEqual(a.input_tokens, b.input_tokens);
+  const n = await client.responses.create(ask('x', { tools: spaced, max_output_tokens: 2 }));
+  assert.deepStrictEqual(n.tools, spaced);
   await assert.rejects(client.responses.create(ask([{ type: 'item_reference', id: 'x' }])),
     (e) => e.status === 400 && e.param === 'input[0].type');
   // /metrics counts requests by route, never by raw path (a client could grow the label set).
@@ -138,6 +148,6 @@ test('input tokens are counted as the request would render them; refusals name t
     await new Promise((r) => setTimeout(r, 100));
   }
   assert.match(text, /dsv4_requests_total\{endpoint="other",status="404"\} [1-9]/);
-  assert.match(text, /dsv4_requests_total\{endpoint="\/v1\/responses\/input_tokens",status="200"\} 1/);
+  assert.match(text, /dsv4_requests_total\{endpoint="\/v1\/responses\/input_tokens",status="200"\} 3/);
   assert.doesNotMatch(text, /no-such-path/);
 });
