@@ -1,0 +1,85 @@
+// A recording proxy for scripts/agent-check.sh: forwards requests to dsv4 serve, writes each
+// request and answer to LOG_DIR (NNN-req.json, NNN-res-STATUS.txt) and caps the answer length
+// (max_tokens / max_output_tokens) so a random demo model answers quickly.
+// Once per run it answers the first agent request that offers its shell tool itself, with a call
+// of that tool (FAKE_COMMAND): a random model never calls one, and the agent's next request,
+// which sends the call and its result back, is the one worth checking.
+// Usage: node agent-proxy.cjs LISTEN_PORT TARGET_PORT LOG_DIR MAX_TOKENS
+const http = require('http');
+const fs = require('fs');
+const path = require('path');
+
+const [, , listenPort, targetPort, logDir, cap] = process.argv;
+const fakeCommand = process.env.FAKE_COMMAND || 'ls';
+let n = 0;
+let faked = false;
+
+const sse = (type, data) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
+
+// The shell tool's call in the agent's own API: Anthropic (Claude Code's Bash) or Responses
+// (Codex's exec_command). Chat-completions agents are not faked.
+function fakeAnswer(url, body) {
+  const names = (body.tools || []).map((t) => t.name);
+  if (url.startsWith('/v1/messages') && !url.includes('count_tokens') && names.includes('Bash')) {
+    const call = { type: 'tool_use', id: 'toolu_agentcheck', name: 'Bash', input: {} };
+    return sse('message_start', { message: { id: 'msg_agentcheck', type: 'message', role: 'assistant', content: [],
+      model: body.model, stop_reason: null, stop_sequence: null, usage: { input_tokens: 1, output_tokens: 0 } } }) +
+      sse('content_block_start', { index: 0, content_block: call }) +
+      sse('content_block_delta', { index: 0, delta: { type: 'input_json_delta',
+        partial_json: JSON.stringify({ command: fakeCommand, description: 'agent-check' }) } }) +
+      sse('content_block_stop', { index: 0 }) +
+      sse('message_delta', { delta: { stop_reason: 'tool_use', stop_sequence: null }, usage: { output_tokens: 1 } }) +
+      sse('message_stop', {});
+  }
+  if (url === '/v1/responses' && names.includes('exec_command')) {
+    const item = { id: 'fc_agentcheck', type: 'function_call', status: 'completed', call_id: 'call_agentcheck',
+      name: 'exec_command', arguments: JSON.stringify({ cmd: fakeCommand }) };
+    const resp = { id: 'resp_agentcheck', object: 'response', created_at: 0, status: 'completed', model: body.model,
+      output: [item], usage: { input_tokens: 1, input_tokens_details: { cached_tokens: 0 }, output_tokens: 1,
+        output_tokens_details: { reasoning_tokens: 0 }, total_tokens: 2 } };
+    return sse('response.created', { response: { ...resp, status: 'in_progress', output: [] }, sequence_number: 0 }) +
+      sse('response.output_item.added', { output_index: 0, item: { ...item, status: 'in_progress', arguments: '' }, sequence_number: 1 }) +
+      sse('response.output_item.done', { output_index: 0, item, sequence_number: 2 }) +
+      sse('response.completed', { response: resp, sequence_number: 3 });
+  }
+  return null;
+}
+
+http.createServer((req, res) => {
+  const chunks = [];
+  req.on('data', (c) => chunks.push(c));
+  req.on('end', () => {
+    const id = String(++n).padStart(3, '0');
+    let text = Buffer.concat(chunks).toString();
+    let body = null;
+    try {
+      body = JSON.parse(text);
+      for (const k of ['max_tokens', 'max_output_tokens', 'max_completion_tokens'])
+        if (body[k] !== undefined && body[k] > +cap) body[k] = +cap;
+      if (req.url === '/v1/responses' && body.max_output_tokens === undefined) body.max_output_tokens = +cap;
+      text = JSON.stringify(body);
+    } catch (e) { /* not JSON: forwarded as it is */ }
+    fs.writeFileSync(path.join(logDir, `${id}-req.json`), JSON.stringify({ method: req.method, url: req.url, body: text }, null, 1));
+    const fake = !faked && body && req.method === 'POST' ? fakeAnswer(req.url, body) : null;
+    if (fake) {
+      faked = true;
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(fake);
+      fs.writeFileSync(path.join(logDir, `${id}-res-faked.txt`), fake);
+      return;
+    }
+    const headers = { ...req.headers, 'content-length': Buffer.byteLength(text) };
+    delete headers['accept-encoding'];
+    const up = http.request({ host: '127.0.0.1', port: targetPort, method: req.method, path: req.url, headers }, (r) => {
+      res.writeHead(r.statusCode, r.headers);
+      const out = [];
+      r.on('data', (c) => { out.push(c); res.write(c); });
+      r.on('end', () => {
+        res.end();
+        fs.writeFileSync(path.join(logDir, `${id}-res-${r.statusCode}.txt`), Buffer.concat(out));
+      });
+    });
+    up.on('error', (e) => { res.writeHead(502); res.end(String(e)); });
+    up.end(text);
+  });
+}).listen(+listenPort, '127.0.0.1');
