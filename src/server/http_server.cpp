@@ -57,7 +57,7 @@ bool anthropic_path(const std::string& path) { return path == "/v1/messages" || 
 // (raw paths would let any client add label values without bound).
 std::string endpoint_label(const std::string& path) {
   static const char* const kRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
-                                        "/v1/messages", "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics"};
+                                        "/v1/messages", "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics", "/"};
   for (const char* r : kRoutes)
     if (path == r) return path;
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
@@ -338,6 +338,15 @@ struct HttpServer::Impl {
         return send_error(r, ApiError(404, "invalid_request_error", "The model '" + q.matches[1].str() + "' does not exist (this server has '" +
                                                                         model_name + "')", "model", "model_not_found"), false);
       r.set_content(model_object().dump(), "application/json");
+    });
+    // The root says what is served (Claude Code asks HEAD / before it starts: a 404 there looked
+    // like a fault in the log).
+    svr.Get("/", [this](const httplib::Request& q, httplib::Response& r) {
+      busy(q);
+      r.set_content("dsv4 serve: " + model_name +
+                        " at /v1 (OpenAI: /v1/chat/completions, /v1/completions, /v1/responses; Anthropic: /v1/messages); "
+                        "state at /health, counters at /metrics\n",
+                    "text/plain");
     });
     svr.Get("/health", [this](const httplib::Request& q, httplib::Response& r) {
       busy(q);

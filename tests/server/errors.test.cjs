@@ -79,6 +79,11 @@ test('every bad input of issue 13 item 9 gets its status and a message naming it
   const nf = await fetch(srv.base + '/nope');
   assert.strictEqual(nf.status, 404);
   assert.ok((await nf.json()).error.message.includes('/v1/nope'));
+  // The root says what is served (agents probe it: Claude Code sends HEAD /).
+  const root = await fetch(srv.url + '/');
+  assert.strictEqual(root.status, 200);
+  assert.match(await root.text(), /dsv4 serve: .* at \/v1/);
+  assert.strictEqual((await fetch(srv.url + '/', { method: 'HEAD' })).status, 200);
   // Still serving, nothing leaked.
   const good = await client.chat.completions.create({ model: 'demo', ...ok });
   assert.strictEqual(good.choices.length, 1);
