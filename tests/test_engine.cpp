@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 
 #include "core/sampling.h"
@@ -312,6 +315,70 @@ TEST(EngineFork, ForkEqualsContinuingTheOriginal) {
     EXPECT_LT(snap.bytes(), orig.cache_bytes());
     std::printf("[fork %s] sequence cache %zu bytes, snapshot %zu bytes\n", name, orig.cache_bytes(), snap.bytes());
   }
+}
+
+// Snapshot files (the server's prefix cache on disk): a loaded snapshot continues exactly as the
+// snapshot it was saved from, with and without the MTP block; damaged, truncated and other
+// engines' files are refused with the file named, never misread.
+TEST(EngineSnapshotFile, LoadedContinuesAsTheSavedOne) {
+  const std::string dir = golden_dir("tiny-native");
+  if (dir.empty()) GTEST_SKIP();
+  const std::string tmp = temp_dir("snapfile");
+  Engine e({.model_dir = dir + "/model"});
+  const int64_t V = e.info().vocab;
+  std::mt19937 g(9);
+  const std::vector<int32_t> prefix = random_tokens(g, 45, V), tail = random_tokens(g, 12, V);
+  for (bool mtp : {false, true}) {
+    SCOPED_TRACE(mtp ? "mtp" : "plain");
+    Sequence s = e.new_sequence({.mtp = mtp});
+    feed(e, s, prefix, 7);
+    const Snapshot snap = e.snapshot(s);
+    const std::string path = tmp + "/s" + std::to_string(mtp) + ".dsv4snap";
+    e.save_snapshot(snap, path);
+    EXPECT_EQ(e.snapshot_file_tokens(path).value(), prefix);
+    const Snapshot loaded = e.load_snapshot(path);
+    EXPECT_EQ(loaded.tokens(), prefix);
+    Sequence a = e.restore(snap), b = e.restore(loaded);
+    const Fed fa = feed(e, a, tail, 1), fb = feed(e, b, tail, 1);
+    EXPECT_EQ(fa.logits, fb.logits);
+    EXPECT_EQ(fa.mtp, fb.mtp);
+    if (mtp) {
+      EXPECT_FALSE(fb.mtp.empty());
+    }
+    // Rewound into the prefix (the prefix cache cuts back up to kCheapRewind tokens).
+    Sequence c = e.restore(loaded), d = e.restore(snap);
+    e.truncate(c, 40), e.truncate(d, 40);
+    EXPECT_EQ(feed(e, c, tail).logits, feed(e, d, tail).logits);
+  }
+  // Damage: a flipped byte anywhere, or the file cut anywhere, is an error naming the file.
+  const std::string path = tmp + "/s0.dsv4snap";
+  std::string bytes;
+  {
+    std::ifstream f(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  auto refused = [&](const std::string& content) {
+    const std::string bad = tmp + "/bad.dsv4snap";
+    std::ofstream(bad, std::ios::binary | std::ios::trunc) << content;
+    try {
+      e.load_snapshot(bad);
+    } catch (const Error& err) {
+      return std::string(err.what()).find(bad) != std::string::npos;
+    }
+    return false;
+  };
+  for (size_t at : {size_t{0}, size_t{9}, size_t{20}, size_t{40}, bytes.size() / 2, bytes.size() - 1}) {
+    std::string flipped = bytes;
+    flipped[at] ^= 0x10;
+    EXPECT_TRUE(refused(flipped)) << "flipped byte " << at;
+  }
+  for (size_t len : {size_t{0}, size_t{30}, size_t{100}, bytes.size() / 3, bytes.size() - 8, bytes.size() - 1})
+    EXPECT_TRUE(refused(bytes.substr(0, len))) << "cut at " << len;
+  EXPECT_TRUE(refused(bytes + "x"));
+  // Another model's engine does not take it: its fingerprint differs.
+  Engine other({.model_dir = golden_dir("small-native") + "/model"});
+  EXPECT_FALSE(other.snapshot_file_tokens(path).has_value());
+  EXPECT_THROW(other.load_snapshot(path), Error);
 }
 
 // The MTP block's logits (row t: the block at position t given token t+1) against the golden

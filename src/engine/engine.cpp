@@ -5,6 +5,7 @@
 #include <exception>
 #include <map>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <sys/stat.h>
 
@@ -14,7 +15,9 @@
 #include "core/threads.h"
 #include "engine/lockstep.h"
 #include "engine/sampler.h"
+#include "engine/snapshot_file.h"
 #include "io/safetensors.h"
+#include "kv/state_io.h"
 #include "kernels/cpu/qmatmul.h"
 #include "model/forward.h"
 #include "model/weights.h"
@@ -449,6 +452,80 @@ Sequence Engine::restore(const Snapshot& snap, int64_t max_positions) {
   if (!snap.impl_) throw Error("restore: empty snapshot");
   if (snap.impl_->owner != this) throw Error("restore: the snapshot belongs to another engine");
   return continue_from(*snap.impl_, "restore", "snapshot", static_cast<int>(Cmd::Restore), max_positions);
+}
+
+// ---- Snapshot files ---------------------------------------------------------------------
+
+uint64_t Engine::snapshot_fingerprint(const char* what) {
+  if (lockstep_ || info_.device != "cpu")
+    throw Error(std::string(what) + ": snapshot files are for the cpu backend in one process", ErrorKind::Unsupported);
+  if (!fingerprint_) fingerprint_ = dsv4::snapshot_fingerprint(model_->weights(), info_.dir, isa_name(active_isa())) | 1;
+  return fingerprint_;
+}
+
+void Engine::save_snapshot(const Snapshot& snap, const std::string& path) {
+  const uint64_t fp = snapshot_fingerprint("save_snapshot");
+  if (!snap.impl_ || snap.impl_->owner != this) throw Error("save_snapshot: the snapshot belongs to another engine");
+  const Snapshot::Impl& q = *snap.impl_;
+  std::vector<uint8_t> body;
+  auto put = [&](int64_t v) { body.insert(body.end(), reinterpret_cast<uint8_t*>(&v), reinterpret_cast<uint8_t*>(&v) + 8); };
+  put(q.mtp ? 1 : 0);
+  put(q.confirmed);
+  put(static_cast<int64_t>(q.hidden_ring.size()));
+  const auto* hr = reinterpret_cast<const uint8_t*>(q.hidden_ring.data());
+  body.insert(body.end(), hr, hr + q.hidden_ring.size() * sizeof(float));
+  write_state(q.st, body);
+  write_file_atomically(path, frame_snapshot(fp, q.tokens, body));
+}
+
+std::optional<std::vector<int32_t>> Engine::snapshot_file_tokens(const std::string& path) {
+  const uint64_t fp = snapshot_fingerprint("snapshot_file_tokens");
+  SnapshotFile f = read_snapshot_file(path, true);
+  if (f.fingerprint != fp) return std::nullopt;
+  return std::move(f.tokens);
+}
+
+Snapshot Engine::load_snapshot(const std::string& path) {
+  const uint64_t fp = snapshot_fingerprint("load_snapshot");
+  const SnapshotFile f = read_snapshot_file(path, false);
+  if (f.fingerprint != fp)
+    throw Error(path + ": a snapshot of another model, build of dsv4 or ISA (fingerprint differs)");
+  size_t at = f.body_at;
+  auto get = [&](const char* field) {
+    int64_t v = 0;
+    if (f.bytes.size() - at < 8) throw Error(path + ": ends inside " + field + " (a truncated or damaged file)");
+    std::memcpy(&v, f.bytes.data() + at, 8);
+    at += 8;
+    return v;
+  };
+  auto impl = std::make_shared<Snapshot::Impl>();
+  impl->owner = this;
+  const int64_t mtp = get("the MTP flag");
+  if (mtp != 0 && mtp != 1) throw Error(path + ": the MTP flag is " + std::to_string(mtp));
+  if (mtp && !info_.has_mtp) throw Error(path + ": a snapshot with the MTP block, which this model lacks");
+  impl->mtp = mtp == 1;
+  impl->confirmed = get("the confirmed MTP positions");
+  const int64_t ring = get("the hidden ring size");
+  const int64_t want = impl->mtp ? Sequence::Impl::kRingRows * info_.hidden_size : 0;
+  if (ring != want) throw Error(path + ": hidden ring of " + std::to_string(ring) + " floats, the model's is " + std::to_string(want));
+  impl->hidden_ring.resize(static_cast<size_t>(ring));
+  if (f.bytes.size() - at < static_cast<size_t>(ring) * sizeof(float)) throw Error(path + ": ends inside the hidden ring");
+  std::memcpy(impl->hidden_ring.data(), f.bytes.data() + at, static_cast<size_t>(ring) * sizeof(float));
+  at += static_cast<size_t>(ring) * sizeof(float);
+  impl->st = model_->new_sequence();
+  read_state(f.bytes, at, impl->st, path);
+  if (at != f.bytes.size()) throw Error(path + ": " + std::to_string(f.bytes.size() - at) + " bytes past the state");
+  if (impl->st.pos != static_cast<int64_t>(f.tokens.size()) || impl->confirmed < 0 || impl->confirmed > impl->st.pos ||
+      impl->st.mtp_pos > impl->st.pos)
+    throw Error(path + ": positions (" + std::to_string(impl->st.pos) + " main, " + std::to_string(impl->st.mtp_pos) +
+                " MTP) do not match its " + std::to_string(f.tokens.size()) + " tokens");
+  for (int32_t t : f.tokens)
+    if (t < 0 || t >= info_.vocab) throw Error(path + ": token id " + std::to_string(t) + " outside the vocabulary");
+  impl->tokens = f.tokens;
+  impl->max_positions = info_.context;
+  Snapshot snap;
+  snap.impl_ = std::move(impl);
+  return snap;
 }
 
 void Engine::truncate(Sequence& s, int64_t pos) {

@@ -23,6 +23,7 @@
 // Not thread-safe: one thread drives an Engine and its sequences (the server's scheduler).
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -203,6 +204,18 @@ class Engine {
   Sequence fork(const Sequence& s, int64_t max_positions = 0);
   Snapshot snapshot(const Sequence& s);
   Sequence restore(const Snapshot& snap, int64_t max_positions = 0);
+  // Snapshots on disk (the server's prefix cache across restarts). A file holds the snapshot's
+  // tokens and state, bound by a fingerprint to this model, this executable and the kernels' ISA
+  // (engine/snapshot_file.h): another engine's file is never misread. cpu, one process only
+  // (Unsupported otherwise). save writes path + ".tmp", then renames it over path.
+  void save_snapshot(const Snapshot& s, const std::string& path);
+  // Throws Error (BadInput) naming the file and what is wrong when it is damaged, truncated or
+  // another engine's.
+  Snapshot load_snapshot(const std::string& path);
+  // The tokens of a snapshot file, read from its header; nullopt when it is another engine's.
+  // Throws Error when it is not a snapshot file.
+  std::optional<std::vector<int32_t>> snapshot_file_tokens(const std::string& path);
+
   // Drops the tokens at positions >= pos (and the MTP positions that depend on them): feeding
   // new tokens afterwards gives exactly what a fresh sequence fed the new stream gives.
   void truncate(Sequence& s, int64_t pos);
@@ -242,6 +255,8 @@ class Engine {
   ModelInfo info_;
   std::shared_ptr<Budget> budget_;
   std::shared_ptr<Lockstep> lockstep_;  // parallel runs
+  uint64_t fingerprint_ = 0;            // of snapshot files, computed when first needed
+  uint64_t snapshot_fingerprint(const char* what);
 };
 
 WeightLoad parse_weight_load(const std::string& s);  // "auto" | "mmap" | "read"; throws Error
