@@ -23,6 +23,8 @@ int cmd_serve(const Args& a) {
   so.scheduler.step_tokens_decoding = a.integer("step-tokens-decoding", 64);
   so.scheduler.max_queue = static_cast<int>(a.integer("max-queue", 64));
   so.scheduler.cache_budget = static_cast<int64_t>(a.number("cache-budget", 1024) * 1024 * 1024);
+  so.scheduler.cache_dir = a.str("cache-dir", "");
+  so.scheduler.cache_dir_budget = static_cast<int64_t>(a.number("cache-dir-budget", 10240) * 1024 * 1024);
   so.default_max_tokens = a.integer("max-tokens", 4096);
   so.timeout_s = static_cast<int>(a.integer("timeout", 600));
   so.stall_timeout_s = static_cast<int>(a.integer("stall-timeout", 30));
@@ -35,6 +37,8 @@ int cmd_serve(const Args& a) {
   if (so.scheduler.step_tokens_decoding < 1) throw Usage("--step-tokens-decoding must be >= 1");
   if (so.scheduler.max_queue < 0) throw Usage("--max-queue must be >= 0");
   if (so.scheduler.cache_budget < 0) throw Usage("--cache-budget must be >= 0");
+  if (so.scheduler.cache_dir_budget < 0) throw Usage("--cache-dir-budget must be >= 0");
+  if (a.has("cache-dir") && so.scheduler.cache_dir.empty()) throw Usage("--cache-dir needs a directory");
   if (so.default_max_tokens < 1) throw Usage("--max-tokens must be >= 1");
   if (so.timeout_s < 1) throw Usage("--timeout must be >= 1");
   if (so.stall_timeout_s < 1 || so.stall_timeout_s > 3600) throw Usage("--stall-timeout must be in [1, 3600]");

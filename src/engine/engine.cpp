@@ -481,7 +481,7 @@ void Engine::save_snapshot(const Snapshot& snap, const std::string& path) {
 std::optional<std::vector<int32_t>> Engine::snapshot_file_tokens(const std::string& path) {
   const uint64_t fp = snapshot_fingerprint("snapshot_file_tokens");
   SnapshotFile f = read_snapshot_file(path, true);
-  if (f.fingerprint != fp) return std::nullopt;
+  if (f.version != kSnapshotFormat || f.fingerprint != fp) return std::nullopt;  // another build's
   return std::move(f.tokens);
 }
 

@@ -14,7 +14,7 @@ namespace dsv4 {
 namespace {
 
 constexpr char kMagic[8] = {'D', 'S', 'V', '4', 'S', 'N', 'A', 'P'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = kSnapshotFormat;
 constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8 + 8;
 
 // A 64-bit hash of bytes, 8 at a time (files of tens of MB: a byte-wise FNV would be slow).
@@ -99,10 +99,9 @@ SnapshotFile read_snapshot_file(const std::string& path, bool header_only) {
   const std::vector<uint8_t>& b = f.bytes;
   if (b.size() < kHeaderBytes || std::memcmp(b.data(), kMagic, 8) != 0)
     throw Error(path + ": not a dsv4 snapshot file (no DSV4SNAP header)");
-  uint32_t version;
-  std::memcpy(&version, b.data() + 8, 4);
-  if (version != kVersion)
-    throw Error(path + ": snapshot format " + std::to_string(version) + ", this dsv4 reads " + std::to_string(kVersion));
+  std::memcpy(&f.version, b.data() + 8, 4);
+  if (f.version != kVersion && !header_only)
+    throw Error(path + ": snapshot format " + std::to_string(f.version) + ", this dsv4 reads " + std::to_string(kVersion));
   std::memcpy(&f.fingerprint, b.data() + 16, 8);
   int64_t n = 0;
   std::memcpy(&n, b.data() + 24, 8);

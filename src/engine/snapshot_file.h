@@ -22,14 +22,17 @@ uint64_t snapshot_fingerprint(const ModelWeights& w, const std::string& model_di
 std::vector<uint8_t> frame_snapshot(uint64_t fingerprint, const std::vector<int32_t>& tokens,
                                     const std::vector<uint8_t>& body);
 
+constexpr uint32_t kSnapshotFormat = 1;
+
 struct SnapshotFile {
+  uint32_t version = 0;  // the format (read_snapshot_file refuses another unless header_only)
   uint64_t fingerprint = 0;
   std::vector<int32_t> tokens;
   size_t body_at = 0;  // where the body starts in `bytes`
   std::vector<uint8_t> bytes;
 };
 // Reads `path` whole (header_only: its header and tokens) and checks the frame (the checksum
-// too when whole). Throws dsv4::Error naming the file and what is wrong.
+// and the format too when whole). Throws dsv4::Error naming the file and what is wrong.
 SnapshotFile read_snapshot_file(const std::string& path, bool header_only);
 
 // Writes `bytes` to path + ".tmp" and renames it over `path`: a reader never sees half a file.

@@ -369,6 +369,9 @@ struct HttpServer::Impl {
         g.prefix_cache_bytes = s.cache_bytes;
         g.prefix_cache_entries = s.cache_entries;
         g.paused = s.paused;
+        g.disk_cache_bytes = s.disk_bytes;
+        g.disk_cache_entries = s.disk_entries;
+        g.disk_cache_loads = s.disk_loads;
       }
       g.kept_responses_bytes = static_cast<int64_t>(responses.bytes());
       r.set_content(metrics.render(g), "text/plain; version=0.0.4");

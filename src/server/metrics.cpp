@@ -109,6 +109,9 @@ std::string Metrics::render(const Gauges& g) const {
   gauge("dsv4_prefix_cache_bytes", "Bytes charged to prefix-cache snapshots.", g.prefix_cache_bytes);
   gauge("dsv4_kept_responses_bytes", "Bytes of /v1/responses kept for previous_response_id (JSON text).", g.kept_responses_bytes);
   gauge("dsv4_prefix_cache_entries", "Snapshots in the prefix cache.", g.prefix_cache_entries);
+  gauge("dsv4_prefix_cache_disk_bytes", "Bytes of prefix-cache snapshot files in --cache-dir.", g.disk_cache_bytes);
+  gauge("dsv4_prefix_cache_disk_entries", "Prefix-cache snapshot files in --cache-dir.", g.disk_cache_entries);
+  counter("dsv4_prefix_cache_disk_loads_total", "Snapshots loaded from --cache-dir (each saved more prefill than memory had).", g.disk_cache_loads);
   batch_.render(o, "dsv4_step_batch_size", "Sequences per engine step.");
   step_s_.render(o, "dsv4_step_seconds", "Time of one engine step.");
   ttft_.render(o, "dsv4_time_to_first_token_seconds", "From request to its first generated token.");

@@ -41,6 +41,7 @@ class Metrics {
 
   struct Gauges {
     int64_t queue_depth = 0, running = 0, kv_reserved_bytes = 0, prefix_cache_bytes = 0, prefix_cache_entries = 0, paused = 0;
+    int64_t disk_cache_bytes = 0, disk_cache_entries = 0, disk_cache_loads = 0;  // --cache-dir
     int64_t kept_responses_bytes = 0;  // /v1/responses kept for previous_response_id
   };
   std::string render(const Gauges& g) const;

@@ -1,8 +1,13 @@
 #include "server/prefix_cache.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
 
 namespace dsv4::server {
+
+namespace fs = std::filesystem;
 
 namespace {
 int64_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
@@ -11,23 +16,114 @@ int64_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>&
   while (n < m && a[n] == b[n]) ++n;
   return static_cast<int64_t>(n);
 }
+
+// The tokens a state of `tokens` saves of `prompt` (0: none): the common prefix, capped one
+// short of the prompt, if the state can be cut back to it cheaply.
+int64_t usable(const std::vector<int32_t>& tokens, const std::vector<int32_t>& prompt) {
+  const int64_t len = std::min(common_prefix(tokens, prompt), static_cast<int64_t>(prompt.size()) - 1);
+  return static_cast<int64_t>(tokens.size()) - len <= kCheapRewind ? len : 0;
+}
+
+// A file's name from its tokens (the same tokens always map to the same file).
+std::string file_name(const std::vector<int32_t>& tokens) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : tokens) h = (h ^ static_cast<uint32_t>(t)) * 1099511628211ull;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx-%zu.dsv4snap", static_cast<unsigned long long>(h), tokens.size());
+  return buf;
+}
+
+constexpr const char* kExt = ".dsv4snap";
 }  // namespace
+
+PrefixCache::PrefixCache(Engine& engine, int64_t budget_bytes, const DiskCacheOptions& disk)
+    : engine_(engine), budget_(budget_bytes), disk_(disk) {
+  if (disk_.dir.empty()) return;
+  std::error_code ec;
+  fs::create_directories(disk_.dir, ec);
+  if (ec) throw Error("--cache-dir " + disk_.dir + ": cannot create it (" + ec.message() + ")");
+  // Asked of a file that is not there: the engine computes its fingerprint now (not at the first
+  // save) and says here whether it can keep snapshot files at all (cpu, one process).
+  try {
+    engine_.snapshot_file_tokens((fs::path(disk_.dir) / "none").string());
+  } catch (const Error& err) {
+    if (err.kind == ErrorKind::Unsupported) throw Error(std::string("--cache-dir: ") + err.what(), ErrorKind::Unsupported);
+  }
+  // Files by last use (their modification time, renewed on every load), newest first.
+  std::vector<std::pair<fs::file_time_type, fs::path>> found;
+  int64_t others = 0, other_bytes = 0;
+  for (const auto& e : fs::directory_iterator(disk_.dir, ec)) {
+    const fs::path& p = e.path();
+    if (p.extension() == ".tmp" && p.stem().extension() == kExt) {  // a write cut short
+      fs::remove(p, ec);
+      continue;
+    }
+    if (e.is_regular_file(ec) && p.extension() == kExt) found.emplace_back(e.last_write_time(ec), p);
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [t, p] : found) {
+    try {
+      auto tokens = engine_.snapshot_file_tokens(p.string());
+      const auto size = static_cast<int64_t>(fs::file_size(p, ec));
+      if (!tokens) {
+        ++others, other_bytes += size;
+        continue;
+      }
+      files_.push_back({p.string(), std::move(*tokens), size});
+      disk_bytes_ += size;
+    } catch (const Error& err) {
+      std::fprintf(stderr, "dsv4 serve: prefix cache: deleting %s\n", err.what());
+      fs::remove(p, ec);
+    }
+  }
+  while (disk_bytes_ > disk_.budget_bytes && !files_.empty()) drop_file(std::prev(files_.end()), "over --cache-dir-budget");
+  std::fprintf(stderr, "dsv4 serve: prefix cache on disk: %zu snapshots (%.1f MB) in %s", files_.size(),
+               static_cast<double>(disk_bytes_) / (1 << 20), disk_.dir.c_str());
+  if (others) std::fprintf(stderr, "; %lld of another model or build left alone (%.1f MB)", static_cast<long long>(others),
+                           static_cast<double>(other_bytes) / (1 << 20));
+  std::fprintf(stderr, "\n");
+}
 
 std::optional<PrefixCache::Hit> PrefixCache::lookup(const std::vector<int32_t>& prompt) {
   if (prompt.empty()) return std::nullopt;
-  const int64_t cap = static_cast<int64_t>(prompt.size()) - 1;
   auto best = entries_.end();
   int64_t best_len = 0;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    const int64_t len = std::min(common_prefix(it->snap.tokens(), prompt), cap);
-    if (len > best_len && it->snap.pos() - len <= kCheapRewind) best = it, best_len = len;
+    const int64_t len = usable(it->snap.tokens(), prompt);
+    if (len > best_len) best = it, best_len = len;
+  }
+  // A file that saves more than memory: loaded, then kept in memory like any snapshot.
+  auto file = files_.end();
+  int64_t file_len = best_len;
+  for (auto it = files_.begin(); it != files_.end(); ++it) {
+    const int64_t len = usable(it->tokens, prompt);
+    if (len > file_len) file = it, file_len = len;
+  }
+  if (file != files_.end()) {
+    try {
+      Snapshot s = engine_.load_snapshot(file->path);
+      files_.splice(files_.begin(), files_, file);
+      std::error_code ec;
+      fs::last_write_time(file->path, fs::file_time_type::clock::now(), ec);  // its last use, for the next start
+      ++disk_loads_;
+      remember(s);
+      return Hit{s, file_len};
+    } catch (const Error& err) {
+      std::fprintf(stderr, "dsv4 serve: prefix cache: %s\n", err.what());
+      drop_file(file, "unreadable");
+    }
   }
   if (best == entries_.end()) return std::nullopt;
   entries_.splice(entries_.begin(), entries_, best);  // most recently used
   return Hit{entries_.front().snap, best_len};
 }
 
-void PrefixCache::insert(const Snapshot& s) {
+void PrefixCache::insert(const Snapshot& s, bool durable) {
+  remember(s);
+  if (durable && !disk_.dir.empty() && s.pos() >= disk_.min_tokens) save(s);
+}
+
+void PrefixCache::remember(const Snapshot& s) {
   if (budget_ <= 0 || s.pos() == 0) return;
   for (auto it = entries_.begin(); it != entries_.end(); ++it)
     if (it->snap.tokens() == s.tokens()) {
@@ -43,6 +139,41 @@ void PrefixCache::insert(const Snapshot& s) {
     bytes_ -= entries_.back().charged;
     entries_.pop_back();
   }
+}
+
+void PrefixCache::save(const Snapshot& s) {
+  for (auto it = files_.begin(); it != files_.end(); ++it)
+    if (it->tokens == s.tokens()) {
+      files_.splice(files_.begin(), files_, it);
+      return;
+    }
+  const std::string path = (fs::path(disk_.dir) / file_name(s.tokens())).string();
+  try {
+    engine_.save_snapshot(s, path);
+  } catch (const Error& err) {  // a full disk: the cache in memory goes on
+    std::fprintf(stderr, "dsv4 serve: prefix cache: not saved: %s\n", err.what());
+    return;
+  }
+  std::error_code ec;
+  const auto size = static_cast<int64_t>(fs::file_size(path, ec));
+  for (auto it = files_.begin(); it != files_.end(); ++it)
+    if (it->path == path) {  // the same name for other tokens (a hash collision): replaced
+      disk_bytes_ -= it->bytes;
+      files_.erase(it);
+      break;
+    }
+  files_.push_front({path, s.tokens(), size});
+  disk_bytes_ += size;
+  while (disk_bytes_ > disk_.budget_bytes && files_.size() > 1) drop_file(std::prev(files_.end()), "");
+  if (disk_bytes_ > disk_.budget_bytes) drop_file(files_.begin(), "");  // larger than the whole budget
+}
+
+void PrefixCache::drop_file(std::list<File>::iterator it, const char* why) {
+  std::error_code ec;
+  fs::remove(it->path, ec);
+  if (*why) std::fprintf(stderr, "dsv4 serve: prefix cache: deleted %s (%s)\n", it->path.c_str(), why);
+  disk_bytes_ -= it->bytes;
+  files_.erase(it);
 }
 
 }  // namespace dsv4::server

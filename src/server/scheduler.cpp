@@ -97,7 +97,13 @@ struct Scheduler::Active {
 };
 
 Scheduler::Scheduler(Engine& engine, const SchedulerOptions& o, Metrics& metrics)
-    : engine_(engine), opt_(o), metrics_(metrics), cache_(engine, o.cache_budget) {
+    : engine_(engine),
+      opt_(o),
+      metrics_(metrics),
+      // Files of states with and without the MTP block (--draft) apart: each kind restores only as itself.
+      cache_(engine, o.cache_budget,
+             {.dir = o.cache_dir.empty() ? "" : o.cache_dir + (o.draft > 0 ? "/mtp" : "/plain"),
+              .budget_bytes = o.cache_dir_budget}) {
   if (o.draft < 0 || o.draft > kCheapRewind)
     throw Error("draft must be in [0, " + std::to_string(kCheapRewind) + "], got " + std::to_string(o.draft));
   if (o.draft > 0 && !engine.info().has_mtp)
@@ -122,7 +128,9 @@ int Scheduler::queue_depth() const {
 
 int Scheduler::running() const { return running_; }
 
-Scheduler::Stats Scheduler::stats() const { return {kv_bytes_, cache_bytes_, cache_entries_, paused_}; }
+Scheduler::Stats Scheduler::stats() const {
+  return {kv_bytes_, cache_bytes_, cache_entries_, paused_, disk_bytes_, disk_entries_, disk_loads_};
+}
 
 void Scheduler::update_stats() {
   running_ = static_cast<int>(active_.size());
@@ -132,6 +140,9 @@ void Scheduler::update_stats() {
   kv_bytes_ = engine_.reserved_bytes();
   cache_bytes_ = cache_.bytes();
   cache_entries_ = static_cast<int64_t>(cache_.entries());
+  disk_bytes_ = cache_.disk_bytes();
+  disk_entries_ = static_cast<int64_t>(cache_.disk_entries());
+  disk_loads_ = cache_.disk_loads();
 }
 
 static int64_t positions_for(const Engine& e, const GenParams& p) {
@@ -382,7 +393,7 @@ void Scheduler::finish_choice(Active& a, Choice& c, const std::string& reason) {
   a.job->push(std::move(f));
   c.done = true;
   // The state after the answer: a follow-up turn that quotes it verbatim (chat mode) reuses it.
-  if (a.job->params.n == 1 && !c.seq.broken()) cache_.insert(engine_.snapshot(c.seq));
+  if (a.job->params.n == 1 && !c.seq.broken()) cache_.insert(engine_.snapshot(c.seq), true);
 }
 
 void Scheduler::retire(Active& a) {
@@ -506,7 +517,7 @@ bool Scheduler::step() {
     }
     if (slots[i].prefill_end) {
       a.prefilled = true;
-      cache_.insert(engine_.snapshot(a.choices[0]->seq));
+      cache_.insert(engine_.snapshot(a.choices[0]->seq), true);
       const GenParams& p = a.job->params;
       try {
         a.promised = 0;

@@ -156,6 +156,8 @@ struct SchedulerOptions {
   int64_t step_tokens_decoding = 64;
   int max_queue = 64;              // jobs waiting for admission before submit() refuses
   int64_t cache_budget = 256 << 20;  // bytes of prefix-cache snapshots (0 = no cache)
+  std::string cache_dir;             // prefix-cache snapshots also on disk ("" = not)
+  int64_t cache_dir_budget = int64_t{10} << 30;  // bytes of files there
   int draft = 0;                   // MTP drafts per decode step and choice (0 = off; <= kCheapRewind)
 };
 
@@ -174,7 +176,7 @@ class Scheduler {
   int queue_depth() const;
   int running() const;  // jobs being prefilled or decoded
   struct Stats {
-    int64_t kv_reserved_bytes, cache_bytes, cache_entries, paused;
+    int64_t kv_reserved_bytes, cache_bytes, cache_entries, paused, disk_bytes, disk_entries, disk_loads;
   };
   Stats stats() const;  // as of the last step (the engine is only read by the scheduler thread)
 
@@ -204,6 +206,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Active>> active_;  // owned by the scheduler thread
   std::atomic<int> running_{0};
   std::atomic<int64_t> kv_bytes_{0}, cache_bytes_{0}, cache_entries_{0}, paused_{0};
+  std::atomic<int64_t> disk_bytes_{0}, disk_entries_{0}, disk_loads_{0};
   std::atomic<int> live_choices_{0};  // batch places taken (choices, forks to come included)
   void update_stats();
   std::shared_ptr<const JsonVocab> json_vocab_;  // built at the first JSON-constrained job
