@@ -354,6 +354,11 @@ TEST_F(ServerRequest, ThinkingSwitches) {
             ChatMode::Thinking);
   const ParsedRequest off = parse(Api::OpenAiChat, chat_body(R"("thinking":{"type":"disabled"})"));
   EXPECT_EQ(off.prompt_text.substr(off.prompt_text.size() - end.size()), end);
+  // Whether the state after the answer starts the next prompt (then --cache-dir keeps it): the
+  // encoding drops earlier reasoning in thinking mode unless the conversation has tools.
+  EXPECT_TRUE(off.gen.answer_reused);
+  EXPECT_FALSE(parse(Api::OpenAiChat, chat_body("")).gen.answer_reused);
+  EXPECT_TRUE(parse(Api::OpenAiChat, chat_body("\"tools\":[" + kTool + "]")).gen.answer_reused);
   // Anthropic: off unless enabled.
   EXPECT_EQ(mode(Api::Anthropic, anthropic_body("")), ChatMode::Chat);
   EXPECT_EQ(mode(Api::Anthropic, anthropic_body(R"("thinking":{"type":"enabled","budget_tokens":1024})")), ChatMode::Thinking);

@@ -358,6 +358,8 @@ std::string forced_call_prefix(const std::string& name) {
 
 void tokenize_prompt(ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim, const char* max_key,
                      int64_t max_tokens_given) {
+  // The V4 encoding drops earlier reasoning unless the conversation has tools.
+  r.gen.answer_reused = !r.chat || r.mode != ChatMode::Thinking || !r.tools.empty();
   if (r.gen.prompt.empty()) r.gen.prompt = model.tok.encode(r.prompt_text + r.forced_prefix);
   const int64_t ctx = model.context;
   const int64_t n = static_cast<int64_t>(r.gen.prompt.size());

@@ -393,7 +393,7 @@ void Scheduler::finish_choice(Active& a, Choice& c, const std::string& reason) {
   a.job->push(std::move(f));
   c.done = true;
   // The state after the answer: a follow-up turn that quotes it verbatim (chat mode) reuses it.
-  if (a.job->params.n == 1 && !c.seq.broken()) cache_.insert(engine_.snapshot(c.seq), true);
+  if (a.job->params.n == 1 && !c.seq.broken()) cache_.insert(engine_.snapshot(c.seq), a.job->params.answer_reused);
 }
 
 void Scheduler::retire(Active& a) {

@@ -65,6 +65,10 @@ struct GenParams {
   std::shared_ptr<const JsonGrammar> json;
   bool json_or_tool_call = false;         // with tools: the answer may be a tool-call block instead
   bool reasoning_first = false;           // the answer starts with reasoning (thinking mode)
+  // Whether the next turn's prompt can start with the state after this answer: not in thinking
+  // mode without tools, whose next prompt drops the reasoning. Then that state is kept in
+  // memory only, not written to --cache-dir.
+  bool answer_reused = true;
 };
 
 struct TopLogprob {
