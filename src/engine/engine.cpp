@@ -510,7 +510,7 @@ Snapshot Engine::load_snapshot(const std::string& path) {
   if (ring != want) throw Error(path + ": hidden ring of " + std::to_string(ring) + " floats, the model's is " + std::to_string(want));
   impl->hidden_ring.resize(static_cast<size_t>(ring));
   if (f.bytes.size() - at < static_cast<size_t>(ring) * sizeof(float)) throw Error(path + ": ends inside the hidden ring");
-  std::memcpy(impl->hidden_ring.data(), f.bytes.data() + at, static_cast<size_t>(ring) * sizeof(float));
+  if (ring > 0) std::memcpy(impl->hidden_ring.data(), f.bytes.data() + at, static_cast<size_t>(ring) * sizeof(float));
   at += static_cast<size_t>(ring) * sizeof(float);
   impl->st = model_->new_sequence();
   read_state(f.bytes, at, impl->st, path);

@@ -9,6 +9,7 @@ namespace dsv4 {
 namespace {
 
 void put_bytes(std::vector<uint8_t>& out, const void* p, size_t n) {
+  if (n == 0) return;
   const auto* b = static_cast<const uint8_t*>(p);
   out.insert(out.end(), b, b + n);
 }
@@ -19,6 +20,7 @@ struct Reader {
   size_t& at;
   const std::string& what;
   void bytes(void* p, size_t n, const std::string& field) {
+    if (n == 0) return;  // (an empty vector's data() may be null: no memcpy from or to it)
     if (n > in.size() - at) throw Error(what + ": ends inside " + field + " (a truncated or damaged file)");
     std::memcpy(p, in.data() + at, n);
     at += n;
