@@ -1,5 +1,9 @@
 #include "engine/snapshot_file.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -133,19 +137,26 @@ SnapshotFile read_snapshot_file(const std::string& path, bool header_only) {
 
 void write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes) {
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw Error(tmp + ": cannot create (" + std::strerror(errno) + ")", ErrorKind::ResourceExhausted);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw Error(tmp + ": write failed (" + std::strerror(errno) + ")", ErrorKind::ResourceExhausted);
+  // 0600: a snapshot holds a conversation's tokens.
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw Error(tmp + ": cannot create (" + std::strerror(errno) + ")", ErrorKind::ResourceExhausted);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw Error(tmp + ": write failed (" + why + ")", ErrorKind::ResourceExhausted);
     }
+    done += static_cast<size_t>(w);
   }
+  ::close(fd);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(path + ": cannot rename into place (" + std::strerror(errno) + ")", ErrorKind::ResourceExhausted);
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw Error(path + ": cannot rename into place (" + why + ")", ErrorKind::ResourceExhausted);
   }
 }
 

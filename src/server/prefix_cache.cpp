@@ -42,6 +42,7 @@ PrefixCache::PrefixCache(Engine& engine, int64_t budget_bytes, const DiskCacheOp
   std::error_code ec;
   fs::create_directories(disk_.dir, ec);
   if (ec) throw Error("--cache-dir " + disk_.dir + ": cannot create it (" + ec.message() + ")");
+  fs::permissions(disk_.dir, fs::perms::owner_all, ec);  // its files hold conversations' tokens
   // Asked of a file that is not there: the engine computes its fingerprint now (not at the first
   // save) and says here whether it can keep snapshot files at all (cpu, one process).
   try {

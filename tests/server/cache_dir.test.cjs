@@ -40,6 +40,9 @@ test('a restarted server reads the prompt from its files', async () => {
   }
   const files = fs.readdirSync(path.join(dir, 'plain'));
   assert.ok(files.length >= 1 && files.every((f) => f.endsWith('.dsv4snap')), files.join(' '));
+  // They hold the conversation's tokens: the owner's alone.
+  assert.strictEqual(fs.statSync(path.join(dir, 'plain')).mode & 0o777, 0o700);
+  for (const f of files) assert.strictEqual(fs.statSync(path.join(dir, 'plain', f)).mode & 0o777, 0o600);
 
   const second = await startServer(['--cache-dir', dir]);
   try {
