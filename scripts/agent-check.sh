@@ -91,11 +91,13 @@ for agent in "${agents[@]}"; do
     case $res in *-res-200.txt) answered=$((answered + 1)) ;; *-res-faked.txt) ;; *) bad+=("$(basename "$req") $url -> ${res##*-res-}") ;; esac
   done
   back=$( (grep -l -E 'toolu_agentcheck|call_agentcheck' "$log"/*-req.json 2>/dev/null || true) | wc -l)
+  # ... and with it the faked answer's reasoning (V4 keeps reasoning beside tool calls).
+  reasoned=$( (grep -l 'agent-check reasoning' "$log"/*-req.json 2>/dev/null || true) | wc -l)
   if [ ${#bad[@]} -gt 0 ] || [ "$answered" -eq 0 ]; then
     echo "agent-check: $agent FAILED: $answered answered 200; not answered: ${bad[*]:-none} (log: $log)" >&2
     failed=1
   else
-    echo "agent-check: $agent ok: $answered requests answered 200, $back sent the faked tool call back (log: $log)" >&2
+    echo "agent-check: $agent ok: $answered requests answered 200, $back sent the faked tool call back, $reasoned its reasoning (log: $log)" >&2
   fi
 done
 exit $failed

@@ -21,26 +21,39 @@ const sse = (type, data) => `event: ${type}\ndata: ${JSON.stringify({ type, ...d
 function fakeAnswer(url, body) {
   const names = (body.tools || []).map((t) => t.name);
   if (url.startsWith('/v1/messages') && !url.includes('count_tokens') && names.includes('Bash')) {
+    // With thinking on, a thinking block first, as dsv4 serve writes one (its signature empty):
+    // the agent should send it back with the call (V4 keeps reasoning beside tool calls).
+    const thinking = body.thinking && body.thinking.type !== 'disabled';
+    const at = thinking ? 1 : 0;
     const call = { type: 'tool_use', id: 'toolu_agentcheck', name: 'Bash', input: {} };
     return sse('message_start', { message: { id: 'msg_agentcheck', type: 'message', role: 'assistant', content: [],
       model: body.model, stop_reason: null, stop_sequence: null, usage: { input_tokens: 1, output_tokens: 0 } } }) +
-      sse('content_block_start', { index: 0, content_block: call }) +
-      sse('content_block_delta', { index: 0, delta: { type: 'input_json_delta',
+      (thinking ? sse('content_block_start', { index: 0, content_block: { type: 'thinking', thinking: '', signature: '' } }) +
+        sse('content_block_delta', { index: 0, delta: { type: 'thinking_delta', thinking: 'agent-check reasoning' } }) +
+        sse('content_block_stop', { index: 0 }) : '') +
+      sse('content_block_start', { index: at, content_block: call }) +
+      sse('content_block_delta', { index: at, delta: { type: 'input_json_delta',
         partial_json: JSON.stringify({ command: fakeCommand, description: 'agent-check' }) } }) +
-      sse('content_block_stop', { index: 0 }) +
+      sse('content_block_stop', { index: at }) +
       sse('message_delta', { delta: { stop_reason: 'tool_use', stop_sequence: null }, usage: { output_tokens: 1 } }) +
       sse('message_stop', {});
   }
   if (url === '/v1/responses' && names.includes('exec_command')) {
+    // A reasoning item first, as dsv4 serve writes one (the text in encrypted_content too when
+    // the client includes it): the agent should send it back with the call.
+    const reasoning = { id: 'rs_agentcheck', type: 'reasoning', summary: [],
+      content: [{ type: 'reasoning_text', text: 'agent-check reasoning' }], encrypted_content: 'agent-check reasoning' };
     const item = { id: 'fc_agentcheck', type: 'function_call', status: 'completed', call_id: 'call_agentcheck',
       name: 'exec_command', arguments: JSON.stringify({ cmd: fakeCommand }) };
     const resp = { id: 'resp_agentcheck', object: 'response', created_at: 0, status: 'completed', model: body.model,
-      output: [item], usage: { input_tokens: 1, input_tokens_details: { cached_tokens: 0 }, output_tokens: 1,
+      output: [reasoning, item], usage: { input_tokens: 1, input_tokens_details: { cached_tokens: 0 }, output_tokens: 1,
         output_tokens_details: { reasoning_tokens: 0 }, total_tokens: 2 } };
     return sse('response.created', { response: { ...resp, status: 'in_progress', output: [] }, sequence_number: 0 }) +
-      sse('response.output_item.added', { output_index: 0, item: { ...item, status: 'in_progress', arguments: '' }, sequence_number: 1 }) +
-      sse('response.output_item.done', { output_index: 0, item, sequence_number: 2 }) +
-      sse('response.completed', { response: resp, sequence_number: 3 });
+      sse('response.output_item.added', { output_index: 0, item: { ...reasoning, content: [] }, sequence_number: 1 }) +
+      sse('response.output_item.done', { output_index: 0, item: reasoning, sequence_number: 2 }) +
+      sse('response.output_item.added', { output_index: 1, item: { ...item, status: 'in_progress', arguments: '' }, sequence_number: 3 }) +
+      sse('response.output_item.done', { output_index: 1, item, sequence_number: 4 }) +
+      sse('response.completed', { response: resp, sequence_number: 5 });
   }
   return null;
 }
