@@ -107,7 +107,7 @@ std::optional<PrefixCache::Hit> PrefixCache::lookup(const std::vector<int32_t>& 
       std::error_code ec;
       fs::last_write_time(file->path, fs::file_time_type::clock::now(), ec);  // its last use, for the next start
       ++disk_loads_;
-      remember(s);
+      remember(s, true);
       return Hit{s, file_len};
     } catch (const Error& err) {
       std::fprintf(stderr, "dsv4 serve: prefix cache: %s\n", err.what());
@@ -116,15 +116,20 @@ std::optional<PrefixCache::Hit> PrefixCache::lookup(const std::vector<int32_t>& 
   }
   if (best == entries_.end()) return std::nullopt;
   entries_.splice(entries_.begin(), entries_, best);  // most recently used
-  return Hit{entries_.front().snap, best_len};
+  Entry& e = entries_.front();
+  if (!e.on_disk) {  // a state from inside a prompt, now shared by another: worth a file
+    e.on_disk = true;
+    if (!disk_.dir.empty() && e.snap.pos() >= disk_.min_tokens) save(e.snap);
+  }
+  return Hit{e.snap, best_len};
 }
 
 void PrefixCache::insert(const Snapshot& s, bool durable) {
-  remember(s);
+  remember(s, durable || disk_.dir.empty());
   if (durable && !disk_.dir.empty() && s.pos() >= disk_.min_tokens) save(s);
 }
 
-void PrefixCache::remember(const Snapshot& s) {
+void PrefixCache::remember(const Snapshot& s, bool on_disk) {
   if (budget_ <= 0 || s.pos() == 0) return;
   for (auto it = entries_.begin(); it != entries_.end(); ++it)
     if (it->snap.tokens() == s.tokens()) {
@@ -134,7 +139,7 @@ void PrefixCache::remember(const Snapshot& s) {
     }
   const int64_t charged = static_cast<int64_t>(std::max(engine_.sequence_bytes(s.pos()), s.bytes()));
   if (charged > budget_) return;
-  entries_.push_front({s, charged});
+  entries_.push_front({s, charged, on_disk});
   bytes_ += charged;
   while (bytes_ > budget_) {
     bytes_ -= entries_.back().charged;

@@ -12,8 +12,10 @@
 // On disk (DiskOptions::dir, optional): the snapshots at the end of prompts and answers are also
 // saved as files (Engine::save_snapshot), least recently used deleted first under their own
 // budget, so a restarted server does not read its long prompts again (an agent's 20k-token
-// system prompt and tools take minutes on a CPU). A file is loaded when it saves more prefill
-// than the best snapshot in memory. Files of another model, build or ISA are left alone (and
+// system prompt and tools take minutes on a CPU). A snapshot taken inside a long prompt (every
+// 1024 positions) is saved once another prompt restores it, i.e. once its tokens proved to be a
+// prefix prompts share (an agent's system prompt and tools, before each conversation's first
+// message). A file is loaded when it saves more prefill than the best snapshot in memory. Files of another model, build or ISA are left alone (and
 // never read); damaged ones are deleted. cpu, one process (Engine::save_snapshot).
 #include <cstdint>
 #include <list>
@@ -55,13 +57,14 @@ class PrefixCache {
   struct Entry {
     Snapshot snap;
     int64_t charged;
+    bool on_disk;  // saved (or not to be saved: the disk tier is off)
   };
   struct File {
     std::string path;
     std::vector<int32_t> tokens;
     int64_t bytes;
   };
-  void remember(const Snapshot& s);  // into memory only
+  void remember(const Snapshot& s, bool on_disk);  // into memory only
   void save(const Snapshot& s);
   void drop_file(std::list<File>::iterator it, const char* why);
   Engine& engine_;

@@ -56,6 +56,33 @@ test('a restarted server reads the prompt from its files', async () => {
   }
 });
 
+test('a prefix two prompts shared is kept: a new conversation after a restart reuses it', async () => {
+  // An agent's conversations share their system prompt and tools, then differ. The snapshot at
+  // position 1024 inside the first prompt is saved once the second prompt restores it.
+  const shared = path.join(tmp, `cache-dir-shared-${process.pid}`);
+  const convo = (q) => ({ ...request, max_tokens: 2, messages: [
+    { role: 'system', content: 'Tools and rules of a long agent harness, line after line. '.repeat(130) },
+    { role: 'user', content: q.repeat(6) }] });  // long enough that one end cannot be cut back to the other
+  const chat = async (srv, q) => new OpenAI({ baseURL: srv.base, apiKey: 'unused', maxRetries: 0 }).chat.completions.create(convo(q));
+  const first = await startServer(['--cache-dir', shared]);
+  try {
+    const a = await chat(first, 'First conversation: list the files.');
+    assert.ok(a.usage.prompt_tokens > 1100, `${a.usage.prompt_tokens} prompt tokens`);
+    const b = await chat(first, 'Second conversation: count the lines.');
+    assert.strictEqual(b.usage.prompt_tokens_details.cached_tokens, 1024);  // from memory
+  } finally {
+    await first.stop();
+  }
+  const second = await startServer(['--cache-dir', shared]);
+  try {
+    const c = await chat(second, 'Third conversation: something else entirely.');
+    assert.strictEqual(c.usage.prompt_tokens_details.cached_tokens, 1024);  // from the file
+  } finally {
+    await second.stop();
+    fs.rmSync(shared, { recursive: true, force: true });
+  }
+});
+
 test('damaged files are deleted, other models\' files left alone, a bad directory refused', async () => {
   const plain = path.join(dir, 'plain');
   fs.mkdirSync(plain, { recursive: true });
