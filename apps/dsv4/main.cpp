@@ -172,10 +172,11 @@ Commands:
                          max_tokens positions; default: --memory-budget's auto); a request
                          that does not fit waits, one that never can gets a 400
       --cache-budget MB  prefix-cache snapshots (default 1024; 0 = off)
-      --cache-dir DIR    also keep the snapshots at the end of prompts and answers as files
-                         in DIR (made if missing), so a restarted server does not read its
-                         long prompts again; files of another model or build of dsv4 are
-                         left alone, never read (cpu, one process)
+      --cache-dir DIR    also keep the snapshots at the end of prompts and answers, and of
+                         prefixes prompts shared, as files in DIR (made if missing), so a
+                         restarted server does not read its long prompts again; files of
+                         another model or build of dsv4 are left alone, never read (cpu, one
+                         process)
       --cache-dir-budget MB   bytes of those files, least recently used deleted first
                          (default 10240)
       --max-tokens N     max_tokens when a request gives none (default 4096)
