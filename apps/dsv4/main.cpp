@@ -155,7 +155,8 @@ Commands:
   serve       OpenAI- and Anthropic-compatible HTTP server with continuous batching and a
               prefix cache (docs/server.md): POST /v1/chat/completions, /v1/completions,
               /v1/responses (+ GET/DELETE /v1/responses/ID, POST /v1/responses/input_tokens),
-              /v1/messages (+ /v1/messages/count_tokens); GET /v1/models, /health, /metrics.
+              /v1/messages (+ /v1/messages/count_tokens); GET /v1/models, /health, /metrics,
+              / (what is served).
       --model DIR        model directory with tokenizer.json (or --tokenizer DIR)
       --host H           address to listen on (default 127.0.0.1: this machine only)
       --port P           port (default 8080; 0 = any free port, printed when ready)
