@@ -44,8 +44,11 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 build/dsv4 serve --model tmp/demo-model --port "$port" --model-name deepseek-v4 --quiet > "$work/serve.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.2; done
-curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "agent-check: the server did not start:" >&2; cat "$work/serve.log" >&2; exit 1; }
+# (node, which the agents need anyway, asks /health: curl may not be installed)
+healthy() { node -e 'fetch(process.argv[1]).then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))' \
+  "http://127.0.0.1:$port/health"; }
+for _ in $(seq 100); do healthy && break; sleep 0.2; done
+healthy || { echo "agent-check: the server did not start:" >&2; cat "$work/serve.log" >&2; exit 1; }
 
 failed=0
 for agent in "${agents[@]}"; do
