@@ -396,6 +396,7 @@ void Scheduler::finish_choice(Active& a, Choice& c, const std::string& reason) {
   if (a.job->params.n == 1 && !c.seq.broken()) cache_.insert(engine_.snapshot(c.seq), a.job->params.answer_reused);
 }
 
+// Records a finished job's usage; its Done event goes out once it has left (step()).
 void Scheduler::retire(Active& a) {
   Usage u;
   u.prompt_tokens = static_cast<int64_t>(a.job->params.prompt.size());
@@ -406,7 +407,6 @@ void Scheduler::retire(Active& a) {
     a.job->usage_ = u;
   }
   metrics_.tokens(u.prompt_tokens, u.completion_tokens, u.cached_tokens);
-  a.job->push(Event::of(Event::Done));
 }
 
 int64_t prefill_budget(const SchedulerOptions& o, int64_t decode_tokens) {
@@ -540,12 +540,16 @@ bool Scheduler::step() {
       emit(a, *slots[i].c, out[i].logits.data());
     }
   }
+  std::vector<std::shared_ptr<Job>> finished;
   for (auto& a : active_)
     if (!a->gone && a->prefilled &&
         std::all_of(a->choices.begin(), a->choices.end(), [](const std::unique_ptr<Choice>& c) { return c->done; }))
-      retire(*a), a->gone = true;
+      retire(*a), a->gone = true, finished.push_back(a->job);
   std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->gone || a->job->cancelled(); });
   update_stats();
+  // Done only now, its sequences freed and the counts updated: a client that has its answer
+  // finds /metrics without it (before, it could still count as running for a moment).
+  for (auto& j : finished) j->push(Event::of(Event::Done));
   return true;
 }
 
