@@ -59,6 +59,12 @@ std::vector<uint8_t> read_whole(const std::string& path, size_t limit) {
 
 }  // namespace
 
+uint64_t hash_bytes(const void* p, size_t n) {
+  Hasher h;
+  h.bytes(p, n);
+  return h.h;
+}
+
 uint64_t snapshot_fingerprint(const ModelWeights& w, const std::string& model_dir, const std::string& isa) {
   Hasher h;
   h.str("dsv4 snapshot " + std::to_string(kVersion) + " " + isa);
@@ -91,9 +97,8 @@ std::vector<uint8_t> frame_snapshot(uint64_t fingerprint, const std::vector<int3
   std::memcpy(p + 24, &n, 8);
   if (tokens_bytes) std::memcpy(p + kHeaderBytes, tokens.data(), tokens_bytes);
   if (!body.empty()) std::memcpy(p + kHeaderBytes + tokens_bytes, body.data(), body.size());
-  Hasher h;
-  h.bytes(p, out.size() - 8);
-  std::memcpy(p + out.size() - 8, &h.h, 8);
+  const uint64_t sum = hash_bytes(p, out.size() - 8);
+  std::memcpy(p + out.size() - 8, &sum, 8);
   return out;
 }
 
@@ -111,23 +116,18 @@ SnapshotFile read_snapshot_file(const std::string& path, bool header_only) {
   std::memcpy(&n, b.data() + 24, 8);
   if (n < 0 || n > (int64_t{1} << 32)) throw Error(path + ": token count " + std::to_string(n) + " is not one");
   const size_t tokens_bytes = static_cast<size_t>(n) * sizeof(int32_t);
-  if (header_only) {
-    std::vector<uint8_t> rest;
+  if (header_only) {  // the tokens straight after the header, the rest not read
     std::ifstream in(path, std::ios::binary);
     in.seekg(static_cast<std::streamoff>(kHeaderBytes));
-    rest.resize(tokens_bytes);
-    in.read(reinterpret_cast<char*>(rest.data()), static_cast<std::streamsize>(tokens_bytes));
-    if (static_cast<size_t>(in.gcount()) != tokens_bytes) throw Error(path + ": ends inside its tokens (a truncated file)");
     f.tokens.resize(static_cast<size_t>(n));
-    std::memcpy(f.tokens.data(), rest.data(), tokens_bytes);
+    in.read(reinterpret_cast<char*>(f.tokens.data()), static_cast<std::streamsize>(tokens_bytes));
+    if (static_cast<size_t>(in.gcount()) != tokens_bytes) throw Error(path + ": ends inside its tokens (a truncated file)");
     return f;
   }
   if (b.size() < kHeaderBytes + tokens_bytes + 8) throw Error(path + ": ends inside its tokens (a truncated file)");
   uint64_t sum;
   std::memcpy(&sum, b.data() + b.size() - 8, 8);
-  Hasher h;
-  h.bytes(b.data(), b.size() - 8);
-  if (h.h != sum) throw Error(path + ": checksum mismatch (a truncated or damaged file)");
+  if (hash_bytes(b.data(), b.size() - 8) != sum) throw Error(path + ": checksum mismatch (a truncated or damaged file)");
   f.tokens.resize(static_cast<size_t>(n));
   std::memcpy(f.tokens.data(), b.data() + kHeaderBytes, tokens_bytes);
   f.body_at = kHeaderBytes + tokens_bytes;

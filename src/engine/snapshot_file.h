@@ -35,6 +35,9 @@ struct SnapshotFile {
 // and the format too when whole). Throws dsv4::Error naming the file and what is wrong.
 SnapshotFile read_snapshot_file(const std::string& path, bool header_only);
 
+// The 64-bit hash the frame's checksum uses (also names the server's snapshot files).
+uint64_t hash_bytes(const void* p, size_t n);
+
 // Writes `bytes` to path + ".tmp" and renames it over `path`: a reader never sees half a file.
 void write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes);
 

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include "engine/snapshot_file.h"
+
 namespace dsv4::server {
 
 namespace fs = std::filesystem;
@@ -26,8 +28,7 @@ int64_t usable(const std::vector<int32_t>& tokens, const std::vector<int32_t>& p
 
 // A file's name from its tokens (the same tokens always map to the same file).
 std::string file_name(const std::vector<int32_t>& tokens) {
-  uint64_t h = 1469598103934665603ull;
-  for (int32_t t : tokens) h = (h ^ static_cast<uint32_t>(t)) * 1099511628211ull;
+  const uint64_t h = hash_bytes(tokens.data(), tokens.size() * sizeof(int32_t));
   char buf[40];
   std::snprintf(buf, sizeof buf, "%016llx-%zu.dsv4snap", static_cast<unsigned long long>(h), tokens.size());
   return buf;
