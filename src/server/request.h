@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <map>
+#include <utility>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -72,8 +73,8 @@ struct ParsedRequest {
   bool store_response = false;
   bool reasoning_in_encrypted_content = false;
   // /v1/responses namespace tools: the model sees each function as "NAMESPACE__NAME"; this maps
-  // such a name to its namespace, for the function_call items' `namespace` and `name`.
-  std::map<std::string, std::string> tool_namespaces;
+  // such a name to its namespace and own name, for the function_call items.
+  std::map<std::string, std::pair<std::string, std::string>> tool_namespaces;
   // Anthropic thinking.display "omitted": thinking blocks go out empty, the reasoning in their
   // signature (kReasoningSignature + text), which a client sends back unchanged.
   bool reasoning_in_signature = false;

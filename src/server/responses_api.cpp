@@ -136,7 +136,7 @@ ojson convert_tools(const ojson& tools, ParsedRequest& r) {
         const std::string t = Fields{(*fns)[k], wk + "."}.string("type", "");
         if (t != "function") bad_request(wk + ".type", "only function tools are supported in a namespace, got '" + t + "'");
         ojson fn = convert_function((*fns)[k], wk, namespaced_tool(ns, ""), f.string("description", ""));
-        r.tool_namespaces[fn["function"]["name"].get<std::string>()] = ns;
+        r.tool_namespaces[fn["function"]["name"].get<std::string>()] = {ns, Fields{(*fns)[k], wk + "."}.string("name", "")};
         add(std::move(fn), wk);
       }
     } else if (type.rfind("web_search", 0) != 0) {
@@ -412,7 +412,7 @@ class OpenAiResponses : public Responder {
               {"call_id", c.id}, {"name", c.name}, {"arguments", ""}};
       // A namespace's function: its own name and its namespace, as the client declared them.
       if (auto ns = r_.tool_namespaces.find(c.name); ns != r_.tool_namespaces.end())
-        item["name"] = c.name.substr(ns->second.size() + 2), item["namespace"] = ns->second;
+        item["name"] = ns->second.second, item["namespace"] = ns->second.first;
     }
     output_.push_back(item);
     out += emit("response.output_item.added", {{"output_index", output_.size() - 1}, {"item", item}});
