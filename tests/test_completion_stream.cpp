@@ -310,6 +310,17 @@ TEST(CompletionStream, UnclosedParameterClosesTheCall) {
   }
 }
 
+// parallel_tool_calls false ends the answer right after its first call's "</｜DSML｜invoke>"
+// (server/scheduler.h): that call is whole, with its exact text, and nothing is content.
+TEST(CompletionStream, EndRightAfterACall) {
+  const std::string call = invoke("a", param("x", true, "1"));
+  const std::string text = "Sure." + BLOCK + call.substr(0, call.size() - 1);
+  const Fed r = check_all_splits(text, ChatMode::Chat);
+  EXPECT_EQ(joined(r.events), (std::vector<CompletionEvent>{C("Sure."), Begin(0, "a"), Args(0, R"({"x": "1"})"), End(0)}));
+  EXPECT_EQ(r.result.tool_call_dsml, std::vector<std::string>{call.substr(0, call.size() - 1)});
+  EXPECT_EQ(r.result.parsed.content, "Sure.");
+}
+
 TEST(CompletionStream, BadAttributesAreContent) {
   const std::vector<std::string> bad = {
       BLOCK + "<｜DSML｜invoke nam=\"a\">\n</｜DSML｜invoke>\n" + BLOCK_END,

@@ -404,6 +404,17 @@ TEST_F(ServerRequest, ParallelToolCallsSwitch) {
   const ParsedRequest r = parse(Api::OpenAiResponses, R"({"input":"Hi","parallel_tool_calls":false})");
   EXPECT_TRUE(r.single_tool_call);
   EXPECT_EQ(r.settings["parallel_tool_calls"], false);
+  EXPECT_EQ(r.gen.end_at_first_call, nullptr);  // no tools: nothing to end at
+  // With tools the answer ends at its first call, read with the request's mode, tools and
+  // forced prefix (a named call in chat mode).
+  EXPECT_EQ(parse(Api::OpenAiChat, chat_body(tools)).gen.end_at_first_call, nullptr);
+  const ParsedRequest f = parse(Api::OpenAiChat, chat_body(tools + R"(,"parallel_tool_calls":false,"thinking":{"type":"disabled"},)"
+                                                                   R"("tool_choice":{"type":"function","function":{"name":"get_weather"}})"));
+  ASSERT_NE(f.gen.end_at_first_call, nullptr);
+  EXPECT_EQ(f.gen.end_at_first_call->mode, ChatMode::Chat);
+  EXPECT_EQ(f.gen.end_at_first_call->tools, f.tools);
+  EXPECT_FALSE(f.forced_prefix.empty());
+  EXPECT_EQ(f.gen.end_at_first_call->forced_prefix, f.forced_prefix);
 }
 
 TEST_F(ServerRequest, ToolChoiceForcesACallInChatModeOnly) {

@@ -262,6 +262,29 @@ TEST_F(ServerResponse, ParallelCallsOffAnswersTheFirstCall) {
     r.single_tool_call = false;
     auto c = make_responder(r, *tok_, store);
     EXPECT_NE(run(*c, two, 1 << 20, "eos", false), body) << "two calls without the flag";
+    // As the scheduler ends such an answer: right after the first call's "</｜DSML｜invoke>",
+    // finished "tool_call". The same one call, finished as a call, nothing else said.
+    r.single_tool_call = true;
+    const std::string first = "\n\n<" + D + "tool_calls>\n" + kCall;
+    for (bool stream : {false, true}) {
+      auto d = make_responder(r, *tok_, store);
+      const std::string out = run(*d, first, stream ? 7 : 1 << 20, "tool_call", stream);
+      EXPECT_EQ(out.find("DSML"), std::string::npos) << out;
+      EXPECT_NE(out.find("get_weather"), std::string::npos) << out;
+      if (stream) continue;
+      const ojson k = ojson::parse(out);
+      if (api == Api::OpenAiChat) {
+        EXPECT_EQ(k["choices"][0]["finish_reason"], "tool_calls") << out;
+        EXPECT_EQ(k["choices"][0]["message"]["tool_calls"].size(), 1u) << out;
+        EXPECT_EQ(k["choices"][0]["message"]["content"], j["choices"][0]["message"]["content"]) << out;
+      } else if (api == Api::Anthropic) {
+        EXPECT_EQ(k["stop_reason"], "tool_use") << out;
+        EXPECT_EQ(k["content"].size(), 1u) << out;
+      } else {
+        EXPECT_EQ(k["status"], "completed") << out;
+        EXPECT_EQ(k["output"].size(), 1u) << out;
+      }
+    }
   }
 }
 

@@ -120,3 +120,69 @@ TEST_F(SchedulerPause, ABlockedWritePausesTheJob) {
   EXPECT_EQ(got, want_);
   EXPECT_EQ(got_finish, want_finish_);
 }
+
+// parallel_tool_calls false (GenParams::end_at_first_call): the answer ends right after its first
+// call's "</｜DSML｜invoke>", the text read as the response reads it. The forced prefix leaves the
+// call one '>' short and a bias makes every pick ">\n" (id 1018 of the real tokenizer): the answer
+// is that one token, its text cut to ">" and finished "tool_call" (text held back for a stop
+// string is dropped too). Markup that breaks the call
+// (a pick of "f", id 72) does not end it: the answer runs to max_tokens.
+class SchedulerFirstCall : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string t = tokenizer_dir() + "/tokenizer.json";
+    if (!std::filesystem::exists(t)) GTEST_SKIP() << "no " << t << " (scripts/test.sh fetches it)";
+    engine_ = std::make_unique<Engine>(EngineOptions{.model_dir = golden_dir("tiny-native") + "/model", .tokenizer = t});
+    sched_ = std::make_unique<Scheduler>(*engine_, SchedulerOptions{}, metrics_);
+  }
+  struct Answer {
+    std::string text, finish;
+    std::vector<int32_t> ids;
+  };
+  Answer run(int32_t biased, bool first_call, const std::string& prefix_end = "</｜DSML｜invoke",
+             std::vector<std::string> stop = {}) {
+    GenParams p;
+    p.stop = std::move(stop);
+    p.prompt = {5, 17, 99, 3, 42};
+    p.max_tokens = 6;
+    p.sampling.temperature = 0;
+    p.logit_bias = {{biased, 100.0f}};
+    const std::string prefix = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n" + prefix_end;
+    if (first_call) p.end_at_first_call = std::make_shared<const GenParams::FirstCall>(GenParams::FirstCall{ChatMode::Chat, nullptr, prefix});
+    auto job = std::make_shared<Job>(p);
+    sched_->submit(job);
+    Answer a;
+    Event e;
+    while (job->next(e, std::chrono::seconds(30)) && e.kind != Event::Done) {
+      EXPECT_NE(e.kind, Event::Failed) << e.error.what();
+      if (e.kind == Event::Text) a.text += e.text, a.ids.insert(a.ids.end(), e.ids.begin(), e.ids.end());
+      if (e.kind == Event::Finish) a.finish = e.finish_reason;
+    }
+    return a;
+  }
+  Metrics metrics_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Scheduler> sched_;
+};
+
+TEST_F(SchedulerFirstCall, TheAnswerEndsAfterTheFirstCall) {
+  const Answer a = run(1018, true);
+  EXPECT_EQ(a.text, ">");
+  EXPECT_EQ(a.ids, std::vector<int32_t>{1018});
+  EXPECT_EQ(a.finish, "tool_call");
+  // The "\n" held back for a stop string it may start is after the call: it never goes out.
+  const Answer held = run(1018, true, "</｜DSML｜invoke", {"\nQ"});
+  EXPECT_EQ(held.text, ">");
+  EXPECT_EQ(held.finish, "tool_call");
+  // Without the flag the same picks run on.
+  const Answer free = run(1018, false);
+  EXPECT_EQ(free.text, ">\n>\n>\n>\n>\n>\n");
+  EXPECT_EQ(free.finish, "length");
+  // A call broken by its markup, or not yet at its end, does not end the answer.
+  const Answer broken = run(72, true);
+  EXPECT_EQ(broken.text, "ffffff");
+  EXPECT_EQ(broken.finish, "length");
+  const Answer inside = run(1018, true, "<｜DSML｜parameter name=\"x\" string=\"true\">");
+  EXPECT_EQ(inside.text, ">\n>\n>\n>\n>\n>\n");
+  EXPECT_EQ(inside.finish, "length");
+}

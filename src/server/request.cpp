@@ -360,6 +360,8 @@ void tokenize_prompt(ParsedRequest& r, const ModelFacts& model, const RequestLim
                      int64_t max_tokens_given) {
   // The V4 encoding drops earlier reasoning unless the conversation has tools.
   r.gen.answer_reused = !r.chat || r.mode != ChatMode::Thinking || !r.tools.empty();
+  if (r.single_tool_call && !r.tools.empty())
+    r.gen.end_at_first_call = std::make_shared<const GenParams::FirstCall>(GenParams::FirstCall{r.mode, r.tools, r.forced_prefix});
   if (r.gen.prompt.empty()) r.gen.prompt = model.tok.encode(r.prompt_text + r.forced_prefix);
   const int64_t ctx = model.context;
   const int64_t n = static_cast<int64_t>(r.gen.prompt.size());

@@ -59,8 +59,9 @@ struct ParsedRequest {
   ChatMode mode = ChatMode::Thinking;
   std::string forced_prefix;     // text appended to the prompt that the answer starts with
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // OpenAI format
-  // parallel_tool_calls: false (OpenAI) / disable_parallel_tool_use (Anthropic): only the first
-  // call the model writes is answered; any after it are dropped.
+  // parallel_tool_calls: false (OpenAI) / disable_parallel_tool_use (Anthropic): the answer ends
+  // with the first call (GenParams::end_at_first_call); if that call was cut short by malformed
+  // markup, it alone is answered and any after it are dropped.
   bool single_tool_call = false;
   bool echo = false;             // /v1/completions: the prompt as sent in front of the answer
   std::string echo_text;

@@ -82,7 +82,8 @@ void json_beside_tools(ParsedRequest& r, bool call_forced);
 void compile_schema(ParsedRequest& r, const nlohmann::ordered_json& schema, const std::string& where);
 
 // Tokenizes prompt_text + forced_prefix (unless the prompt is token ids already), checks it
-// against the context and sets max_tokens (given > 0, else the default). With lim.count_only the
+// against the context and sets max_tokens (given > 0, else the default); sets the GenParams
+// that follow from the request's mode and tools (answer_reused, end_at_first_call). With lim.count_only the
 // context checks are left out: the prompt is only counted.
 void tokenize_prompt(ParsedRequest& r, const ModelFacts& model, const RequestLimits& lim, const char* max_key,
                      int64_t max_tokens_given);

@@ -5,6 +5,7 @@
 
 #include "engine/generate.h"
 #include "engine/stop_filter.h"
+#include "text/completion_stream.h"
 
 namespace dsv4::server {
 
@@ -61,6 +62,10 @@ struct Scheduler::Choice {
           released += t;
         }) {
     if (json_vocab) json.emplace(std::move(json_vocab), p.json, p.reasoning_first, p.json_or_tool_call);
+    if (const auto& f = p.end_at_first_call) {
+      calls.emplace(f->mode, f->tools);
+      calls->feed(f->forced_prefix);
+    }
   }
   static SamplingParams seeded(SamplingParams sp, int i) {
     sp.seed += static_cast<uint64_t>(i);
@@ -70,6 +75,7 @@ struct Scheduler::Choice {
   Sequence seq;
   Sampler sampler;
   std::optional<JsonConstraint> json;  // response_format json_object / json_schema
+  std::optional<CompletionStream> calls;  // GenParams::end_at_first_call: the text read for its first call
   StreamDecoder dec;
   StopFilter filter;
   std::string released;               // text the filter let through, not yet sent
@@ -326,6 +332,7 @@ void Scheduler::emit_id(Active& a, Choice& c, int32_t id, const float* logits) {
     c.top.push_back(std::move(top));
   }
   const bool stopped = c.filter.push(c.dec.push(id));
+  if (c.calls && first_call_ended(c)) return finish_choice(a, c, "tool_call", false);
   if (stopped) return finish_choice(a, c, "stop_string");
   if (!c.released.empty()) {
     Event e = Event::of(Event::Text, c.index);
@@ -371,10 +378,32 @@ void Scheduler::verify(Active& a, Choice& c, const std::vector<float>& logits) {
   metrics_.drafts(n, used - 1);
 }
 
-void Scheduler::finish_choice(Active& a, Choice& c, const std::string& reason) {
+// Feeds the text choice c's token released (c.released) to its reading of calls. When the first
+// call ended there whole, the text is cut right after its "</｜DSML｜invoke>" and true returned.
+// A whole call ends at a '>', so the text is fed in pieces that end at each '>' to find the place.
+bool Scheduler::first_call_ended(Choice& c) {
+  const std::string_view text = c.released;
+  for (size_t at = 0; at < text.size();) {
+    const size_t gt = text.find('>', at);
+    const size_t end = gt == std::string_view::npos ? text.size() : gt + 1;
+    for (const auto& e : c.calls->feed(text.substr(at, end - at))) {
+      if (e.kind != CompletionEvent::Kind::ToolCallEnd) continue;
+      if (!c.calls->call_whole(e.index)) {  // cut short by malformed markup: read no further
+        c.calls.reset();
+        return false;
+      }
+      c.released.resize(end);
+      return true;
+    }
+    at = end;
+  }
+  return false;
+}
+
+void Scheduler::finish_choice(Active& a, Choice& c, const std::string& reason, bool held) {
   // Drafts past the end are not part of the answer's state.
   if (c.keep >= 0 && c.seq.pos() > c.keep && !c.seq.broken()) engine_.truncate(c.seq, c.keep);
-  if (!c.filter.stopped()) {
+  if (held && !c.filter.stopped()) {
     c.filter.push(c.dec.flush());
     c.filter.finish();
   }

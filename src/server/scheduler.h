@@ -44,6 +44,7 @@
 #include "engine/sampler.h"
 #include "server/metrics.h"
 #include "server/prefix_cache.h"
+#include "text/chat.h"
 
 namespace dsv4::server {
 
@@ -69,6 +70,16 @@ struct GenParams {
   // mode without tools, whose next prompt drops the reasoning. Then that state is kept in
   // memory only, not written to --cache-dir.
   bool answer_reused = true;
+  // parallel_tool_calls false with tools: the answer ends with its first tool call, right after
+  // that call's "</｜DSML｜invoke>" as the response reads the text (this mode and these tools,
+  // after the forced prefix), so the calls the model would write after it are never generated.
+  // Null: no such end. A first call cut short by malformed markup does not end the answer.
+  struct FirstCall {
+    ChatMode mode = ChatMode::Chat;
+    nlohmann::ordered_json tools;
+    std::string forced_prefix;
+  };
+  std::shared_ptr<const FirstCall> end_at_first_call;
 };
 
 struct TopLogprob {
@@ -86,7 +97,8 @@ struct Event {
   std::vector<int32_t> ids;
   std::vector<float> logprobs;
   std::vector<std::vector<TopLogprob>> top;
-  // Finish: "eos" | "stop_token" | "stop_string" (then stop_string says which) | "length"
+  // Finish: "eos" | "stop_token" | "stop_string" (then stop_string says which) | "length" |
+  // "tool_call" (the first call ended the answer: GenParams::end_at_first_call)
   std::string finish_reason;
   std::string stop_string;
   Error error{""};                  // Failed
@@ -190,7 +202,9 @@ class Scheduler {
   void loop();
   bool admit(const std::shared_ptr<Job>& job);
   bool step();  // false when it ran nothing (every running job paused)
-  void finish_choice(Active& a, Choice& c, const std::string& reason);
+  // `held`: whether text held back (a possible stop string, a partial character) goes out.
+  void finish_choice(Active& a, Choice& c, const std::string& reason, bool held = true);
+  bool first_call_ended(Choice& c);
   void retire(Active& a);
   bool picks_in_step(const Active& a, const Choice& c) const;
   int32_t pick(Active& a, Choice& c, const float* logits);

@@ -101,6 +101,11 @@ class CompletionStream {
   std::vector<CompletionEvent> finish();
 
   bool finished() const { return finished_; }
+  // Whether call k has ended whole, at its "</｜DSML｜invoke>" (its exact text kept), rather than
+  // not yet or cut short by malformed markup. Usable while feeding.
+  bool call_whole(int k) const {
+    return k >= 0 && static_cast<size_t>(k) < result_.tool_call_dsml.size() && !result_.tool_call_dsml[k].empty();
+  }
   // The final parse. Throws dsv4::Error before finish().
   const StreamedCompletion& result() const;
 
