@@ -2,7 +2,8 @@
 # The ThreadSanitizer tier: builds the CLI, the thread-pool and HTTP-server tests with
 # -fsanitize=thread (DSV4_TSAN) into build-tsan/ and runs the tests where our threads meet:
 # the thread pool, HttpServer's start and stop, the scheduler's pausing of a job nobody reads
-# (SchedulerPause: its thread against a consumer), and `dsv4 serve` driven by the official clients
+# (SchedulerPause: its thread against a consumer), the prefix cache's file writer thread
+# (SnapshotWriter, PrefixCacheDisk), and `dsv4 serve` driven by the official clients
 # (Server.*: the scheduler thread, the HTTP threads, the signal watcher, mpirun ranks). Any report
 # fails the test (halt_on_error). Reports from inside uninstrumented system libraries are
 # suppressed in tests/tsan.supp, each with the reason.
@@ -15,8 +16,8 @@ scripts/deps.sh
 scripts/fetch-tokenizer.sh build/deps/tokenizer
 scripts/fetch-node-clients.sh build/deps/clients
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Release -DDSV4_TSAN=ON -DDSV4_CUDA=OFF -DDSV4_CUDA_EMU=OFF >/dev/null
-cmake --build build-tsan -j"$(nproc)" --target dsv4 test_threads test_http_server test_server_scheduler
+cmake --build build-tsan -j"$(nproc)" --target dsv4 test_threads test_http_server test_server_scheduler test_prefix_cache
 export DSV4_TOKENIZER_DIR="$PWD/build/deps/tokenizer" DSV4_TOKENIZER="$PWD/build/deps/tokenizer/tokenizer.json"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
 scripts/seed-ctest-costs.sh tests/ctest-costs-tsan.txt build-tsan
-cd build-tsan && ctest --output-on-failure -j"$(nproc)" --timeout 900 -R '^ThreadPool\.|^HttpServer\.|^Scheduler|^Server\.'
+cd build-tsan && ctest --output-on-failure -j"$(nproc)" --timeout 900 -R '^ThreadPool\.|^HttpServer\.|^Scheduler|^SnapshotWriter\.|^PrefixCacheDisk\.|^Server\.'

@@ -463,11 +463,13 @@ uint64_t Engine::snapshot_fingerprint(const char* what) {
   return fingerprint_;
 }
 
-void Engine::save_snapshot(const Snapshot& snap, const std::string& path) {
-  const uint64_t fp = snapshot_fingerprint("save_snapshot");
-  if (!snap.impl_ || snap.impl_->owner != this) throw Error("save_snapshot: the snapshot belongs to another engine");
+SnapshotImage Engine::snapshot_image(const Snapshot& snap) {
+  SnapshotImage im;
+  im.fingerprint = snapshot_fingerprint("snapshot_image");
+  if (!snap.impl_ || snap.impl_->owner != this) throw Error("snapshot_image: the snapshot belongs to another engine");
   const Snapshot::Impl& q = *snap.impl_;
-  std::vector<uint8_t> body;
+  im.tokens = q.tokens;
+  std::vector<uint8_t>& body = im.body;
   auto put = [&](int64_t v) { body.insert(body.end(), reinterpret_cast<uint8_t*>(&v), reinterpret_cast<uint8_t*>(&v) + 8); };
   put(q.mtp ? 1 : 0);
   put(q.confirmed);
@@ -475,8 +477,10 @@ void Engine::save_snapshot(const Snapshot& snap, const std::string& path) {
   const auto* hr = reinterpret_cast<const uint8_t*>(q.hidden_ring.data());
   body.insert(body.end(), hr, hr + q.hidden_ring.size() * sizeof(float));
   write_state(q.st, body);
-  write_file_atomically(path, frame_snapshot(fp, q.tokens, body));
+  return im;
 }
+
+void Engine::save_snapshot(const Snapshot& snap, const std::string& path) { write_snapshot_file(snapshot_image(snap), path); }
 
 std::optional<std::vector<int32_t>> Engine::snapshot_file_tokens(const std::string& path) {
   const uint64_t fp = snapshot_fingerprint("snapshot_file_tokens");

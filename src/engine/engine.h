@@ -36,6 +36,7 @@ namespace dsv4 {
 class Model;
 class Sampler;  // engine/sampler.h
 struct SequenceState;
+struct SnapshotImage;  // engine/snapshot_file.h
 
 enum class Device { Cpu, Cuda };
 // How checkpoint bytes get into memory: Auto reads them into anonymous memory when they take at
@@ -209,6 +210,9 @@ class Engine {
   // (engine/snapshot_file.h): another engine's file is never misread. cpu, one process only
   // (Unsupported otherwise). save writes path + ".tmp", then renames it over path.
   void save_snapshot(const Snapshot& s, const std::string& path);
+  // save_snapshot in two halves: the file's contents gathered here (a copy of the state), to be
+  // written by write_snapshot_file on any thread, so the engine's thread does not wait on a disk.
+  SnapshotImage snapshot_image(const Snapshot& s);
   // Throws Error (BadInput) naming the file and what is wrong when it is damaged, truncated or
   // another engine's.
   Snapshot load_snapshot(const std::string& path);

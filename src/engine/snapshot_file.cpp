@@ -84,16 +84,19 @@ uint64_t snapshot_fingerprint(const ModelWeights& w, const std::string& model_di
   return h.h;
 }
 
-std::vector<uint8_t> frame_snapshot(uint64_t fingerprint, const std::vector<int32_t>& tokens,
-                                    const std::vector<uint8_t>& body) {
+size_t SnapshotImage::file_bytes() const { return kHeaderBytes + tokens.size() * sizeof(int32_t) + body.size() + 8; }
+
+std::vector<uint8_t> frame_snapshot(const SnapshotImage& im) {
+  const std::vector<int32_t>& tokens = im.tokens;
+  const std::vector<uint8_t>& body = im.body;
   const int64_t n = static_cast<int64_t>(tokens.size());
   const size_t tokens_bytes = tokens.size() * sizeof(int32_t);
-  std::vector<uint8_t> out(kHeaderBytes + tokens_bytes + body.size() + 8);
+  std::vector<uint8_t> out(im.file_bytes());
   uint8_t* p = out.data();
   std::memcpy(p, kMagic, 8);
   std::memcpy(p + 8, &kVersion, 4);
   std::memset(p + 12, 0, 4);
-  std::memcpy(p + 16, &fingerprint, 8);
+  std::memcpy(p + 16, &im.fingerprint, 8);
   std::memcpy(p + 24, &n, 8);
   if (tokens_bytes) std::memcpy(p + kHeaderBytes, tokens.data(), tokens_bytes);
   if (!body.empty()) std::memcpy(p + kHeaderBytes + tokens_bytes, body.data(), body.size());
@@ -159,5 +162,7 @@ void write_file_atomically(const std::string& path, const std::vector<uint8_t>& 
     throw Error(path + ": cannot rename into place (" + why + ")", ErrorKind::ResourceExhausted);
   }
 }
+
+void write_snapshot_file(const SnapshotImage& im, const std::string& path) { write_file_atomically(path, frame_snapshot(im)); }
 
 }  // namespace dsv4

@@ -18,9 +18,19 @@ struct ModelWeights;
 // shape and bytes sampled at its start, middle and end), this executable, and the ISA.
 uint64_t snapshot_fingerprint(const ModelWeights& w, const std::string& model_dir, const std::string& isa);
 
-// The whole file's bytes for `tokens` and `body`.
-std::vector<uint8_t> frame_snapshot(uint64_t fingerprint, const std::vector<int32_t>& tokens,
-                                    const std::vector<uint8_t>& body);
+// What a snapshot file holds, gathered on the engine's thread (Engine::snapshot_image). Framing
+// and writing it touch nothing else, so any thread may do them (the server's writer thread).
+struct SnapshotImage {
+  uint64_t fingerprint = 0;
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> body;  // the snapshot's own bytes
+  size_t file_bytes() const;  // the size of its file
+};
+
+// The whole file's bytes for an image.
+std::vector<uint8_t> frame_snapshot(const SnapshotImage& im);
+// Frames the image and writes it with write_file_atomically.
+void write_snapshot_file(const SnapshotImage& im, const std::string& path);
 
 constexpr uint32_t kSnapshotFormat = 1;
 

@@ -38,7 +38,7 @@ constexpr const char* kExt = ".dsv4snap";
 }  // namespace
 
 PrefixCache::PrefixCache(Engine& engine, int64_t budget_bytes, const DiskCacheOptions& disk)
-    : engine_(engine), budget_(budget_bytes), disk_(disk) {
+    : engine_(engine), budget_(budget_bytes), disk_(disk), writer_(disk.max_queued_bytes) {
   if (disk_.dir.empty()) return;
   std::error_code ec;
   fs::create_directories(disk_.dir, ec);
@@ -88,6 +88,7 @@ PrefixCache::PrefixCache(Engine& engine, int64_t budget_bytes, const DiskCacheOp
 
 std::optional<PrefixCache::Hit> PrefixCache::lookup(const std::vector<int32_t>& prompt) {
   if (prompt.empty()) return std::nullopt;
+  forget_failed_writes();
   auto best = entries_.end();
   int64_t best_len = 0;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
@@ -99,7 +100,7 @@ std::optional<PrefixCache::Hit> PrefixCache::lookup(const std::vector<int32_t>& 
   int64_t file_len = best_len;
   for (auto it = files_.begin(); it != files_.end(); ++it) {
     const int64_t len = usable(it->tokens, prompt);
-    if (len > file_len) file = it, file_len = len;
+    if (len > file_len && !writer_.pending(it->path)) file = it, file_len = len;  // (pending: in memory still)
   }
   if (file != files_.end()) {
     try {
@@ -126,6 +127,7 @@ std::optional<PrefixCache::Hit> PrefixCache::lookup(const std::vector<int32_t>& 
 }
 
 void PrefixCache::insert(const Snapshot& s, bool durable) {
+  forget_failed_writes();
   remember(s, durable || disk_.dir.empty());
   if (durable && !disk_.dir.empty() && s.pos() >= disk_.min_tokens) save(s);
 }
@@ -155,14 +157,13 @@ void PrefixCache::save(const Snapshot& s) {
       return;
     }
   const std::string path = (fs::path(disk_.dir) / file_name(s.tokens())).string();
-  try {
-    engine_.save_snapshot(s, path);
-  } catch (const Error& err) {  // a full disk: the cache in memory goes on
-    std::fprintf(stderr, "dsv4 serve: prefix cache: not saved: %s\n", err.what());
+  SnapshotImage im = engine_.snapshot_image(s);
+  const auto size = static_cast<int64_t>(im.file_bytes());
+  if (!writer_.write(path, std::move(im))) {
+    std::fprintf(stderr, "dsv4 serve: prefix cache: not saved: %.1f MB of snapshots already wait for the disk\n",
+                 static_cast<double>(disk_.max_queued_bytes) / (1 << 20));
     return;
   }
-  std::error_code ec;
-  const auto size = static_cast<int64_t>(fs::file_size(path, ec));
   for (auto it = files_.begin(); it != files_.end(); ++it)
     if (it->path == path) {  // the same name for other tokens (a hash collision): replaced
       disk_bytes_ -= it->bytes;
@@ -175,9 +176,22 @@ void PrefixCache::save(const Snapshot& s) {
   if (disk_bytes_ > disk_.budget_bytes) drop_file(files_.begin(), "");  // larger than the whole budget
 }
 
+// A write the writer could not do (said on stderr): that file is not there. Unless a later
+// write of the same path is still pending, its entry goes.
+void PrefixCache::forget_failed_writes() {
+  for (const std::string& path : writer_.failed()) {
+    if (writer_.pending(path)) continue;
+    for (auto it = files_.begin(); it != files_.end(); ++it)
+      if (it->path == path) {
+        disk_bytes_ -= it->bytes;
+        files_.erase(it);
+        break;
+      }
+  }
+}
+
 void PrefixCache::drop_file(std::list<File>::iterator it, const char* why) {
-  std::error_code ec;
-  fs::remove(it->path, ec);
+  writer_.remove(it->path);  // after a write of it still queued
   if (*why) std::fprintf(stderr, "dsv4 serve: prefix cache: deleted %s (%s)\n", it->path.c_str(), why);
   disk_bytes_ -= it->bytes;
   files_.erase(it);

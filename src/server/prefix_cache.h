@@ -15,8 +15,10 @@
 // system prompt and tools take minutes on a CPU). A snapshot taken inside a long prompt (every
 // 1024 positions) is saved once another prompt restores it, i.e. once its tokens proved to be a
 // prefix prompts share (an agent's system prompt and tools, before each conversation's first
-// message). A file is loaded when it saves more prefill than the best snapshot in memory. Files of another model, build or ISA are left alone (and
-// never read); damaged ones are deleted. cpu, one process (Engine::save_snapshot).
+// message). A file is loaded when it saves more prefill than the best snapshot in memory. Files
+// of another model, build or ISA are left alone (and never read); damaged ones are deleted. cpu,
+// one process (Engine::save_snapshot). The caller's thread only copies a state out
+// (Engine::snapshot_image); a SnapshotWriter thread frames, writes and deletes the files.
 #include <cstdint>
 #include <list>
 #include <optional>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/snapshot_writer.h"
 
 namespace dsv4::server {
 
@@ -31,6 +34,7 @@ struct DiskCacheOptions {
   std::string dir;           // "" = no disk tier
   int64_t budget_bytes = 0;  // bytes of files kept
   int64_t min_tokens = 64;   // shorter states are cheap to recompute: not written
+  int64_t max_queued_bytes = int64_t{1} << 30;  // images waiting for the writer; past it a save is skipped
 };
 
 class PrefixCache {
@@ -52,6 +56,8 @@ class PrefixCache {
   int64_t disk_bytes() const { return disk_bytes_; }
   size_t disk_entries() const { return files_.size(); }
   int64_t disk_loads() const { return disk_loads_; }
+  // Waits until the files asked for are written (tests; the destructor does it too).
+  void flush() { writer_.flush(); }
 
  private:
   struct Entry {
@@ -67,6 +73,7 @@ class PrefixCache {
   void remember(const Snapshot& s, bool on_disk);  // into memory only
   void save(const Snapshot& s);
   void drop_file(std::list<File>::iterator it, const char* why);
+  void forget_failed_writes();
   Engine& engine_;
   const int64_t budget_;
   const DiskCacheOptions disk_;
@@ -74,6 +81,7 @@ class PrefixCache {
   int64_t bytes_ = 0;
   std::list<File> files_;     // most recently used first
   int64_t disk_bytes_ = 0, disk_loads_ = 0;
+  SnapshotWriter writer_;  // last: finishes its queue before the rest goes
 };
 
 }  // namespace dsv4::server
