@@ -346,6 +346,9 @@ void CpuBackend::attend(Step&, const Attend& a) {
   // the F32 weight, the keys as tokens: each score is the same canonical dot either way round),
   // then every query takes its softmax and weighted sum over its own keys.
   constexpr int64_t kQueryBlock = 16;
+  // Per-query scoring is taken when the union's product has at least this many times more dots
+  // (its products are smaller: bench/attention_bench, docs/perf.md "Session 35").
+  constexpr int64_t kOwnScoresCost = 2;
   std::vector<float> uk, sc, p, keys;
   std::vector<std::vector<int32_t>> top;
   std::vector<int32_t> uni, slot(static_cast<size_t>(std::max<int64_t>(n_entries, 1)), -1);
@@ -371,9 +374,18 @@ void CpuBackend::attend(Step&, const Attend& a) {
         ls.kv.decode(ls.entries.row(uni[u]), kp);
       }
     }
-    // sc[u * BH + b*H + h] = q_{b,h} . key_u
-    sc.resize(static_cast<size_t>(nu * BH));
-    query_key_scores(qv + t0 * H * d, BH, uk.data(), nu, d, sc.data());
+    // Scoring the block's queries against the union of their keys costs B x nu dots; each query
+    // against its own keys, the sum of their counts. At long contexts the CSA queries' top-k
+    // differ (the union grows towards B x top-k) and the union wastes most of its product; there
+    // each query is scored on its own (attend_heads: the same canonical dots, the same bits).
+    int64_t own_keys = 0;
+    for (int64_t b = 0; b < B; ++b) own_keys += pos0 + b - std::max<int64_t>(0, pos0 + b - W + 1) + 1 + static_cast<int64_t>(top[b].size());
+    const bool per_query = B > 1 && own_keys * kOwnScoresCost <= nu * B;
+    if (!per_query) {
+      // sc[u * BH + b*H + h] = q_{b,h} . key_u
+      sc.resize(static_cast<size_t>(nu * BH));
+      query_key_scores(qv + t0 * H * d, BH, uk.data(), nu, d, sc.data());
+    }
     // Each query's softmax and weighted sum over its own keys in its own order. A block of one
     // (decode) uses the union as its keys and spreads its heads over the pool; a larger block
     // runs whole queries in parallel, each gathering its keys on its thread (the gathers and
@@ -397,6 +409,16 @@ void CpuBackend::attend(Step&, const Attend& a) {
     };
     if (B == 1) {
       attend_query(0, RunOn::Pool, p, keys);
+    } else if (per_query) {
+      for (int64_t b = 0; b < B; ++b) {  // its keys in its order, as attend_query takes them
+        const int64_t pos = pos0 + b, first = std::max<int64_t>(0, pos - W + 1);
+        const int64_t n = pos - first + 1 + static_cast<int64_t>(top[b].size());
+        keys.resize(static_cast<size_t>(n * d));
+        float* kp = keys.data();
+        for (int64_t k = first; k <= pos; ++k) kp = std::copy(uk.data() + (k - first0) * d, uk.data() + (k - first0 + 1) * d, kp);
+        for (int32_t e : top[b]) kp = std::copy(uk.data() + slot[e] * d, uk.data() + (slot[e] + 1) * d, kp);
+        attend_heads(qv + (t0 + b) * H * d, H, keys.data(), n, d, sink, scale, o + (t0 + b) * H * d);
+      }
     } else {
       thread_pool().parallel_for(B, [&](int64_t bb, int64_t be) {
         thread_local std::vector<float> pb, kb;
