@@ -27,16 +27,28 @@ TEST(SchedulerBudget, SmallerWhileDecoding) {
   EXPECT_EQ(prefill_budget(o, 0), 32);
 }
 
-// Pausing a job whose client does not take its output (Scheduler, kPauseBacklog and
-// kPauseBlocked), on the tiny golden model: a paused job makes no events, and once its client
-// takes them it resumes with the answer an eagerly read job gets, token for token (greedy).
-class SchedulerPause : public ::testing::Test {
+// A scheduler over the tiny golden model with the real tokenizer (skipped without it).
+class SchedulerOnTinyModel : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string t = tokenizer_dir() + "/tokenizer.json";
     if (!std::filesystem::exists(t)) GTEST_SKIP() << "no " << t << " (scripts/test.sh fetches it)";
     engine_ = std::make_unique<Engine>(EngineOptions{.model_dir = golden_dir("tiny-native") + "/model", .tokenizer = t});
     sched_ = std::make_unique<Scheduler>(*engine_, SchedulerOptions{}, metrics_);
+  }
+  Metrics metrics_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Scheduler> sched_;
+};
+
+// Pausing a job whose client does not take its output (Scheduler, kPauseBacklog and
+// kPauseBlocked): a paused job makes no events, and once its client takes them it resumes with
+// the answer an eagerly read job gets, token for token (greedy).
+class SchedulerPause : public SchedulerOnTinyModel {
+ protected:
+  void SetUp() override {
+    SchedulerOnTinyModel::SetUp();
+    if (IsSkipped()) return;
     p_.prompt = {5, 17, 99, 3, 42};
     p_.max_tokens = 3 * static_cast<int64_t>(kPauseBacklog);
     p_.sampling.temperature = 0;
@@ -65,9 +77,6 @@ class SchedulerPause : public ::testing::Test {
     }
     return sched_->stats().paused == 1;
   }
-  Metrics metrics_;
-  std::unique_ptr<Engine> engine_;
-  std::unique_ptr<Scheduler> sched_;
   GenParams p_;
   std::vector<int32_t> want_;
   std::string want_finish_;
@@ -125,16 +134,10 @@ TEST_F(SchedulerPause, ABlockedWritePausesTheJob) {
 // call's "</｜DSML｜invoke>", the text read as the response reads it. The forced prefix leaves the
 // call one '>' short and a bias makes every pick ">\n" (id 1018 of the real tokenizer): the answer
 // is that one token, its text cut to ">" and finished "tool_call" (text held back for a stop
-// string is dropped too). Markup that breaks the call
-// (a pick of "f", id 72) does not end it: the answer runs to max_tokens.
-class SchedulerFirstCall : public ::testing::Test {
+// string is dropped too). Markup that breaks the call (a pick of "f", id 72) does not end it:
+// the answer runs to max_tokens.
+class SchedulerFirstCall : public SchedulerOnTinyModel {
  protected:
-  void SetUp() override {
-    const std::string t = tokenizer_dir() + "/tokenizer.json";
-    if (!std::filesystem::exists(t)) GTEST_SKIP() << "no " << t << " (scripts/test.sh fetches it)";
-    engine_ = std::make_unique<Engine>(EngineOptions{.model_dir = golden_dir("tiny-native") + "/model", .tokenizer = t});
-    sched_ = std::make_unique<Scheduler>(*engine_, SchedulerOptions{}, metrics_);
-  }
   struct Answer {
     std::string text, finish;
     std::vector<int32_t> ids;
@@ -160,9 +163,6 @@ class SchedulerFirstCall : public ::testing::Test {
     }
     return a;
   }
-  Metrics metrics_;
-  std::unique_ptr<Engine> engine_;
-  std::unique_ptr<Scheduler> sched_;
 };
 
 TEST_F(SchedulerFirstCall, TheAnswerEndsAfterTheFirstCall) {
