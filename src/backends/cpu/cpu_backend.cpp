@@ -377,7 +377,7 @@ void CpuBackend::attend(Step&, const Attend& a) {
     // Scoring the block's queries against the union of their keys costs B x nu dots; each query
     // against its own keys, the sum of their counts. At long contexts the CSA queries' top-k
     // differ (the union grows towards B x top-k) and the union wastes most of its product; there
-    // each query is scored on its own (attend_heads: the same canonical dots, the same bits).
+    // each query is scored on its own (the same canonical dots either way round: the same bits).
     int64_t own_keys = 0;
     for (int64_t b = 0; b < B; ++b) own_keys += pos0 + b - std::max<int64_t>(0, pos0 + b - W + 1) + 1 + static_cast<int64_t>(top[b].size());
     const bool per_query = B > 1 && own_keys * kOwnScoresCost <= nu * B;
@@ -390,6 +390,8 @@ void CpuBackend::attend(Step&, const Attend& a) {
     // (decode) uses the union as its keys and spreads its heads over the pool; a larger block
     // runs whole queries in parallel, each gathering its keys on its thread (the gathers and
     // the many small products were serial, or one pool job each). Same bits either way.
+    // Per query, its scores are either taken from the block's product or (per_query: the
+    // query on the pool, one at a time) computed over its gathered keys.
     auto attend_query = [&](int64_t b, RunOn where, std::vector<float>& pb, std::vector<float>& kb) {
       const int64_t pos = pos0 + b, first = std::max<int64_t>(0, pos - W + 1);
       const int64_t n = pos - first + 1 + static_cast<int64_t>(top[b].size());
@@ -398,27 +400,21 @@ void CpuBackend::attend(Step&, const Attend& a) {
       if (!own) kb.resize(static_cast<size_t>(n * d));
       int64_t j = 0;
       auto take = [&](int64_t u) {
-        for (int64_t h = 0; h < H; ++h) pb[h * n + j] = sc[u * BH + b * H + h];
+        if (!per_query)
+          for (int64_t h = 0; h < H; ++h) pb[h * n + j] = sc[u * BH + b * H + h];
         if (!own) std::copy(uk.data() + u * d, uk.data() + (u + 1) * d, kb.data() + j * d);
         ++j;
       };
       for (int64_t k = first; k <= pos; ++k) take(k - first0);
       for (int32_t e : top[b]) take(slot[e]);
+      if (per_query) query_key_scores(kb.data(), n, qv + (t0 + b) * H * d, H, d, pb.data());  // pb[h * n + j]
       count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));  // this query's scores
       attend_scores(pb.data(), H, own ? uk.data() : kb.data(), n, d, sink, scale, o + (t0 + b) * H * d, where);
     };
     if (B == 1) {
       attend_query(0, RunOn::Pool, p, keys);
     } else if (per_query) {
-      for (int64_t b = 0; b < B; ++b) {  // its keys in its order, as attend_query takes them
-        const int64_t pos = pos0 + b, first = std::max<int64_t>(0, pos - W + 1);
-        const int64_t n = pos - first + 1 + static_cast<int64_t>(top[b].size());
-        keys.resize(static_cast<size_t>(n * d));
-        float* kp = keys.data();
-        for (int64_t k = first; k <= pos; ++k) kp = std::copy(uk.data() + (k - first0) * d, uk.data() + (k - first0 + 1) * d, kp);
-        for (int32_t e : top[b]) kp = std::copy(uk.data() + slot[e] * d, uk.data() + (slot[e] + 1) * d, kp);
-        attend_heads(qv + (t0 + b) * H * d, H, keys.data(), n, d, sink, scale, o + (t0 + b) * H * d);
-      }
+      for (int64_t b = 0; b < B; ++b) attend_query(b, RunOn::Pool, p, keys);
     } else {
       thread_pool().parallel_for(B, [&](int64_t bb, int64_t be) {
         thread_local std::vector<float> pb, kb;
