@@ -160,7 +160,7 @@ void PrefixCache::save(const Snapshot& s) {
   SnapshotImage im = engine_.snapshot_image(s);
   const auto size = static_cast<int64_t>(im.file_bytes());
   if (!writer_.write(path, std::move(im))) {
-    std::fprintf(stderr, "dsv4 serve: prefix cache: not saved: %.1f MB of snapshots already wait for the disk\n",
+    std::fprintf(stderr, "dsv4 serve: prefix cache: not saved: the snapshots waiting for the disk fill its %.1f MB queue\n",
                  static_cast<double>(disk_.max_queued_bytes) / (1 << 20));
     return;
   }
