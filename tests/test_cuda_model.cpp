@@ -396,7 +396,12 @@ TEST_F(CudaModel, IndexerScoresAndSelection) {
         EXPECT_NEAR(sc[t * ld + b], s, 1e-5 * mag + 1e-30) << "HI=" << HI << " t=" << t << " b=" << b;
       }
       // Selection: GPU top-k of the GPU scores vs the CPU indexer on the same inputs.
-      const std::vector<int32_t> want = indexer_topk(q.data() + t * HI * dI, w.data() + t * HI, kf.data(), v, HI, dI, K);
+      const uint8_t* page = keys.data();
+      std::vector<int32_t> want(static_cast<size_t>(K));
+      int32_t want_n = 0;
+      indexer_select(q.data() + t * HI * dI, w.data() + t * HI, 1, &v, Fp4Keys{&page, n_entries, stride}, HI, dI, K,
+                     want.data(), &want_n);
+      want.resize(static_cast<size_t>(want_n));
       std::vector<float> gpu_scores(static_cast<size_t>(v));
       for (int64_t b = 0; b < v; ++b) gpu_scores[b] = sc[t * ld + b];
       std::vector<float> sorted = gpu_scores;

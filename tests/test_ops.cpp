@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/formats.h"
 #include "core/weight.h"
 #include "io/config.h"
 #include "kv/state.h"
@@ -896,12 +897,39 @@ TEST(Attention, ZeroKeysGiveZero) {
   for (float v : out) EXPECT_EQ(v, 0.0f);
 }
 
+// Keys as the cache holds them (Fp4Codec bytes, one page); `vals` are fp4sim'd so the bytes
+// decode back to them exactly.
+struct Fp4Rows {
+  std::vector<uint8_t> bytes;
+  const uint8_t* page = nullptr;
+  Fp4Keys keys;
+  Fp4Rows(const std::vector<float>& vals, int64_t dim) {
+    const Fp4Codec codec{dim};
+    const int64_t n = static_cast<int64_t>(vals.size()) / dim;
+    bytes.resize(static_cast<size_t>(n) * codec.bytes());
+    for (int64_t b = 0; b < n; ++b) codec.encode(vals.data() + b * dim, bytes.data() + b * codec.bytes());
+    page = bytes.data();
+    keys = Fp4Keys{&page, std::max<int64_t>(n, 1), static_cast<int64_t>(codec.bytes())};
+  }
+};
+
+std::vector<int32_t> select1(const std::vector<float>& q, const std::vector<float>& w, const Fp4Rows& k, int64_t n,
+                             int64_t heads, int64_t dim, int64_t topk_k) {
+  std::vector<int32_t> sel(static_cast<size_t>(topk_k), -1);
+  int32_t cnt = -1;
+  indexer_select(q.data(), w.data(), 1, &n, k.keys, heads, dim, topk_k, sel.data(), &cnt);
+  sel.resize(static_cast<size_t>(std::max(cnt, 0)));
+  return sel;
+}
+
 TEST(Attention, IndexerTopK) {
   std::mt19937 g(32);
   const int64_t heads = 4, dim = 32, n = 20;
   const auto q = randv(g, static_cast<size_t>(heads * dim));
   const auto w = randv(g, static_cast<size_t>(heads), -1.0f, 1.0f);
-  const auto keys = randv(g, static_cast<size_t>(n * dim));
+  auto keys = randv(g, static_cast<size_t>(n * dim));
+  fp4sim(keys.data(), keys.size(), 32);
+  const Fp4Rows k(keys, dim);
   std::vector<double> score(n, 0.0);
   for (int64_t b = 0; b < n; ++b)
     for (int64_t h = 0; h < heads; ++h) {
@@ -909,30 +937,48 @@ TEST(Attention, IndexerTopK) {
       for (int64_t i = 0; i < dim; ++i) dp += static_cast<double>(q[h * dim + i]) * keys[b * dim + i];
       score[b] += w[h] * std::max(0.0, dp);
     }
-  for (int64_t k : {1, 5, 19, 20, 30}) {
-    const auto got = indexer_topk(q.data(), w.data(), keys.data(), n, heads, dim, k);
-    EXPECT_EQ(got, ref_topk(score, k)) << "k = " << k;
-  }
+  for (int64_t kk : {1, 5, 19, 20, 30}) EXPECT_EQ(select1(q, w, k, n, heads, dim, kk), ref_topk(score, kk)) << "k = " << kk;
   // n < k: every entry.
-  EXPECT_EQ(indexer_topk(q.data(), w.data(), keys.data(), 3, heads, dim, 8).size(), 3u);
-  EXPECT_TRUE(indexer_topk(q.data(), w.data(), keys.data(), 0, heads, dim, 8).empty());
+  EXPECT_EQ(select1(q, w, k, 3, heads, dim, 8).size(), 3u);
+  EXPECT_TRUE(select1(q, w, k, 0, heads, dim, 8).empty());
+  // Several queries in one scan, each up to its own visible count: as each alone.
+  const int64_t nq = 3, kk = 6;
+  const int64_t vis[nq] = {20, 7, 0};
+  std::vector<float> qs, ws;
+  for (int64_t t = 0; t < nq; ++t) {
+    const auto qt = randv(g, static_cast<size_t>(heads * dim)), wt = randv(g, static_cast<size_t>(heads));
+    qs.insert(qs.end(), qt.begin(), qt.end());
+    ws.insert(ws.end(), wt.begin(), wt.end());
+  }
+  std::vector<int32_t> sel(static_cast<size_t>(nq * kk), -1), cnt(static_cast<size_t>(nq), -1);
+  indexer_select(qs.data(), ws.data(), nq, vis, k.keys, heads, dim, kk, sel.data(), cnt.data());
+  for (int64_t t = 0; t < nq; ++t) {
+    const std::vector<float> qt(qs.begin() + t * heads * dim, qs.begin() + (t + 1) * heads * dim);
+    const std::vector<float> wt(ws.begin() + t * heads, ws.begin() + (t + 1) * heads);
+    const std::vector<int32_t> alone = select1(qt, wt, k, vis[t], heads, dim, kk);
+    ASSERT_EQ(cnt[t], static_cast<int32_t>(alone.size())) << "query " << t;
+    EXPECT_EQ(std::vector<int32_t>(sel.begin() + t * kk, sel.begin() + t * kk + cnt[t]), alone) << "query " << t;
+  }
 }
 
 TEST(Attention, IndexerTiesGoToLowerIndex) {
-  // heads 2, dim 4; q = (1,0,0,0) for both heads, w = (1, 0.5). Zero keys score exactly 0, as do
+  // heads 2, dim 32; q = (1,0,...) for both heads, w = (1, 0.5). Zero keys score exactly 0, as do
   // keys every head's dot with is negative (relu).
-  const int64_t heads = 2, dim = 4, n = 8;
-  const std::vector<float> q = {1, 0, 0, 0, 1, 0, 0, 0}, w = {1.0f, 0.5f};
+  const int64_t heads = 2, dim = 32, n = 8;
+  std::vector<float> q(static_cast<size_t>(heads * dim), 0.0f);
+  q[0] = q[dim] = 1.0f;
+  const std::vector<float> w = {1.0f, 0.5f};
   std::vector<float> keys(static_cast<size_t>(n * dim), 0.0f);
   keys[2 * dim] = 2.0f;   // entry 2: score 3
   keys[6 * dim] = 1.0f;   // entry 6: score 1.5
-  keys[4 * dim] = -5.0f;  // entry 4: relu -> 0
+  keys[4 * dim] = -4.0f;  // entry 4: relu -> 0
+  const Fp4Rows k(keys, dim);
   // Entries 0, 1, 3, 4, 5, 7 all score 0.
-  EXPECT_EQ(indexer_topk(q.data(), w.data(), keys.data(), n, heads, dim, 5), (std::vector<int32_t>{2, 6, 0, 1, 3}));
-  EXPECT_EQ(indexer_topk(q.data(), w.data(), keys.data(), n, heads, dim, 6), (std::vector<int32_t>{2, 6, 0, 1, 3, 4}));
+  EXPECT_EQ(select1(q, w, k, n, heads, dim, 5), (std::vector<int32_t>{2, 6, 0, 1, 3}));
+  EXPECT_EQ(select1(q, w, k, n, heads, dim, 6), (std::vector<int32_t>{2, 6, 0, 1, 3, 4}));
   // Negative head weights: score = sum_h w_h relu(.), can be negative and rank below zeros.
   const std::vector<float> wn = {-1.0f, 0.5f};
-  EXPECT_EQ(indexer_topk(q.data(), wn.data(), keys.data(), n, heads, dim, 7), (std::vector<int32_t>{0, 1, 3, 4, 5, 7, 6}));
+  EXPECT_EQ(select1(q, wn, k, n, heads, dim, 7), (std::vector<int32_t>{0, 1, 3, 4, 5, 7, 6}));
 }
 
 // ---- MoE ----------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/arena.h"
 #include "core/threads.h"
 #include "kernels/cpu/gemm_nn.h"
 #include "kernels/cpu/qmatmul.h"
@@ -54,22 +55,23 @@ void query_key_scores(const float* Q, int64_t nq, const float* K, int64_t n, int
   qmatmul(f32_weight(Q, nq, d), 0, nq, K, d, n, S, nq);
 }
 
-std::vector<int32_t> indexer_topk(const float* q, const float* w, const float* keys, int64_t n, int64_t heads, int64_t dim,
-                                  int64_t k) {
-  if (n == 0) return {};
-  std::vector<float> dots(static_cast<size_t>(heads * n));  // the keys as a weight, heads as tokens
-  qmatmul(f32_weight(keys, n, dim), 0, n, q, dim, heads, dots.data(), n);
-  count_matmul_flops(static_cast<uint64_t>(2 * heads * n * dim));
-  // Each key's score sums its heads in order h = 0, 1, ...: split over keys (ranges of 256), the
-  // bits do not depend on the split.
-  std::vector<float> score(static_cast<size_t>(n), 0.0f);
-  constexpr int64_t kKeys = 256;
-  thread_pool().parallel_for((n + kKeys - 1) / kKeys, [&](int64_t cb, int64_t ce) {
-    const int64_t b0 = cb * kKeys, b1 = std::min(n, ce * kKeys);
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t b = b0; b < b1; ++b) score[b] += w[h] * std::max(0.0f, dots[h * n + b]);
+void indexer_select(const float* q, const float* w, int64_t nq, const int64_t* vis, const Fp4Keys& keys, int64_t heads,
+                    int64_t dim, int64_t k, int32_t* sel, int32_t* sel_n) {
+  if (nq <= 0) return;
+  // One scan of the keys for all nq queries (each strip of keys decoded once), up to the
+  // furthest any of them sees; a query's scores past its own visible keys are not read.
+  const int64_t n = *std::max_element(vis, vis + nq);
+  Arena::Scope scope(thread_arena());
+  float* scores = thread_arena().take(nq * n, /*zero=*/false).data();
+  indexer_scores(q, w, nq, heads, dim, keys, n, scores, n);
+  count_matmul_flops(static_cast<uint64_t>(2 * nq * heads * n * dim));
+  thread_pool().parallel_for(nq, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const std::vector<int32_t> top = topk(scores + t * n, vis[t], k);
+      std::copy(top.begin(), top.end(), sel + t * k);
+      sel_n[t] = static_cast<int32_t>(top.size());
+    }
   });
-  return topk(score.data(), n, k);
 }
 
 }  // namespace dsv4

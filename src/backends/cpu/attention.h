@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/indexer_scores.h"
+
 namespace dsv4 {
 
 // All H heads of one query over the same n keys (K = V, contiguous [n, d]):
@@ -28,9 +30,11 @@ void attend_scores(float* p, int64_t H, const float* K, int64_t n, int64_t d, co
 // counted here: a caller counts the scores it uses.
 void query_key_scores(const float* Q, int64_t nq, const float* K, int64_t n, int64_t d, float* S);
 
-// Indexer: score(b) = sum_h w[h] * relu(q[h] . keys[b]) for b < n; returns the top min(k, n)
-// entry indices (ties to the lower index).
-std::vector<int32_t> indexer_topk(const float* q, const float* w, const float* keys, int64_t n, int64_t heads, int64_t dim,
-                                  int64_t k);
+// Indexer selections of nq queries over the same keys: query t's top min(k, vis[t]) of keys
+// [0, vis[t]) by score (kernels/cpu/indexer_scores.h: from the FP4 keys as cached, the same
+// floats on every ISA), best first, ties to the lower index, into sel[t * k ...], their count
+// into sel_n[t]. Runs on the pool.
+void indexer_select(const float* q, const float* w, int64_t nq, const int64_t* vis, const Fp4Keys& keys, int64_t heads,
+                    int64_t dim, int64_t k, int32_t* sel, int32_t* sel_n);
 
 }  // namespace dsv4

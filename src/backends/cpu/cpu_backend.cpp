@@ -270,16 +270,16 @@ void CpuBackend::index_topk(Step& s, const IndexTopk& k) {
   const StepSeq& q = *k.seq;
   const LayerState& ls = q.st->layers[k.layer];
   const int64_t HI = c.index_heads, dI = c.index_dim, K = c.index_topk, ratio = w_.layer(k.layer).ratio;
-  const int64_t n_keys = ls.index_keys.size();
-  // Every key decoded once for all of the sequence's queries.
-  Arena::Scope scope(thread_arena());
-  Buf keys = raw(n_keys * dI);
-  for_each_token(n_keys, [&](int64_t b) { ls.index.decode(ls.index_keys.row(b), keys.data() + b * dI); });
-  for (int64_t t = q.t0; t < q.t0 + q.n; ++t) {
-    const int64_t vis = (s.plan->pos[t] + 1) / ratio;  // entries whose block has closed
-    const std::vector<int32_t> top = indexer_topk(k.q + t * HI * dI, k.w + t * HI, keys.data(), vis, HI, dI, K);
-    std::copy(top.begin(), top.end(), k.sel + t * K);
-    k.sel_n[t] = static_cast<int32_t>(top.size());
+  // The keys as cached (FP4), page by page; queries in blocks of kIndexerBlock share one scan.
+  std::vector<const uint8_t*> pages(static_cast<size_t>(ls.index_keys.pages()));
+  for (int64_t p = 0; p < ls.index_keys.pages(); ++p) pages[p] = ls.index_keys.row(p * RowStore::kRowsPerPage);
+  const Fp4Keys keys{pages.data(), RowStore::kRowsPerPage, static_cast<int64_t>(ls.index_keys.row_bytes())};
+  constexpr int64_t kIndexerBlock = 16;
+  int64_t vis[kIndexerBlock];
+  for (int64_t t0 = q.t0; t0 < q.t0 + q.n; t0 += kIndexerBlock) {
+    const int64_t nq = std::min(kIndexerBlock, q.t0 + q.n - t0);
+    for (int64_t i = 0; i < nq; ++i) vis[i] = (s.plan->pos[t0 + i] + 1) / ratio;  // entries whose block has closed
+    indexer_select(k.q + t0 * HI * dI, k.w + t0 * HI, nq, vis, keys, HI, dI, K, k.sel + t0 * K, k.sel_n + t0);
   }
 }
 
