@@ -349,7 +349,7 @@ TEST_F(CudaModel, TopKRowsEqualsCpuTopK) {
 // Indexer scores against a double reference from the decoded keys: |error| <= 1e-5 of
 // sum_h |w_h| sum_c |q_hc K_bc|, the scale of a float summation's error (a 128-term fma chain
 // per dot, then a 64-term sum: worst case ~2e-6 of that), -inf past the visible entries. Then
-// top-k of the GPU scores: exactly ops.h topk of the same floats, and the CPU indexer_topk's
+// top-k of the GPU scores: exactly ops.h topk of the same floats, and the CPU indexer_select's
 // choice wherever its top scores are clearly apart.
 TEST_F(CudaModel, IndexerScoresAndSelection) {
   std::mt19937 g(7);
