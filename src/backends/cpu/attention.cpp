@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "core/arena.h"
 #include "core/threads.h"
@@ -64,7 +65,8 @@ void indexer_select(const float* q, const float* w, int64_t nq, const int64_t* v
   Arena::Scope scope(thread_arena());
   float* scores = thread_arena().take(nq * n, /*zero=*/false).data();
   indexer_scores(q, w, nq, heads, dim, keys, n, scores, n);
-  count_matmul_flops(static_cast<uint64_t>(2 * nq * heads * n * dim));
+  // The FLOPs of the scores used: each query's visible keys.
+  count_matmul_flops(static_cast<uint64_t>(2 * heads * dim * std::accumulate(vis, vis + nq, int64_t{0})));
   thread_pool().parallel_for(nq, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const std::vector<int32_t> top = topk(scores + t * n, vis[t], k);
