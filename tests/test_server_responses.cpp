@@ -10,11 +10,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "server/request.h"
 #include "server/response.h"
+#include "server/responses_api.h"
 #include "text/chat.h"
 #include "test_util.h"
 
@@ -444,4 +446,46 @@ TEST(ResponseStore, BoundedByBytesOldestFirst) {
   s.put("big", {ojson::object(), ojson(std::string(5000, 'y'))});  // larger than the budget: not kept
   EXPECT_FALSE(s.get("big"));
   EXPECT_TRUE(s.get("r12"));
+}
+
+// GET /v1/responses/{id}/input_items: the page's parameters. Items as kept (ids made at parse
+// time); a reasoning item loses its encrypted_content unless include asks for it.
+TEST(ResponseStore, InputItemPages) {
+  StoredResponse s;
+  for (int i = 0; i < 5; ++i) s.input_items.push_back({{"id", "m" + std::to_string(i)}, {"type", "message"}});
+  s.input_items.push_back({{"id", "rs"}, {"type", "reasoning"}, {"encrypted_content", "secret"}});
+  using Q = std::multimap<std::string, std::string>;
+  auto ids = [](const ojson& page) {
+    std::string out;
+    for (const auto& o : page["data"]) out += o["id"].get<std::string>() + ",";
+    return out;
+  };
+  ojson p = list_input_items(s, {});
+  EXPECT_EQ(ids(p), "rs,m4,m3,m2,m1,m0,");  // newest first
+  EXPECT_EQ(p["object"], "list");
+  EXPECT_EQ(p["first_id"], "rs");
+  EXPECT_EQ(p["last_id"], "m0");
+  EXPECT_EQ(p["has_more"], false);
+  EXPECT_FALSE(p["data"][0].contains("encrypted_content"));
+  EXPECT_EQ(list_input_items(s, Q{{"include[]", "reasoning.encrypted_content"}})["data"][0]["encrypted_content"], "secret");
+  EXPECT_EQ(list_input_items(s, Q{{"include", "reasoning.encrypted_content"}})["data"][0]["encrypted_content"], "secret");
+  p = list_input_items(s, Q{{"order", "asc"}, {"limit", "2"}, {"after", "m1"}});
+  EXPECT_EQ(ids(p), "m2,m3,");
+  EXPECT_EQ(p["has_more"], true);
+  p = list_input_items(s, Q{{"order", "asc"}, {"after", "rs"}});  // after the last: an empty page
+  EXPECT_EQ(ids(p), "");
+  EXPECT_TRUE(p["first_id"].is_null());
+  EXPECT_EQ(p["has_more"], false);
+  EXPECT_EQ(ids(list_input_items(s, Q{{"limit", "100"}, {"unknown", "x"}})), "rs,m4,m3,m2,m1,m0,");
+  for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
+           {"limit", "0"}, {"limit", "101"}, {"limit", "-1"}, {"limit", "2x"}, {"limit", ""}, {"limit", "1000000000000"},
+           {"order", "up"}, {"after", "nope"}}) {
+    try {
+      list_input_items(s, Q{{k, v}});
+      ADD_FAILURE() << k << "=" << v << " was taken";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << k << "=" << v;
+      EXPECT_EQ(e.param, k) << v;
+    }
+  }
 }

@@ -13,6 +13,7 @@
 
 #include "server/connections.h"
 #include "server/response.h"
+#include "server/responses_api.h"
 #include "server/tool_calls.h"
 
 namespace dsv4::server {
@@ -53,14 +54,18 @@ ApiError api_error(const Error& e) {
 // Anthropic's error bodies on its endpoints, OpenAI's elsewhere.
 bool anthropic_path(const std::string& path) { return path == "/v1/messages" || path == "/v1/messages/count_tokens"; }
 
-// The endpoint a request counts under in /metrics: a route, "/v1/responses/{id}", or "other"
-// (raw paths would let any client add label values without bound).
+// The endpoint a request counts under in /metrics: a route, "/v1/responses/{id}" (and its
+// "/input_items"), or "other" (raw paths would let any client add label values without bound).
 std::string endpoint_label(const std::string& path) {
   static const char* const kRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
                                         "/v1/messages", "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics", "/"};
   for (const char* r : kRoutes)
     if (path == r) return path;
-  if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
+  if (path.rfind("/v1/responses/", 0) == 0) {
+    const size_t slash = path.find('/', 14);
+    if (slash == std::string::npos) return "/v1/responses/{id}";
+    return path.compare(slash, std::string::npos, "/input_items") == 0 ? "/v1/responses/{id}/input_items" : "other";
+  }
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
 }
@@ -317,6 +322,21 @@ struct HttpServer::Impl {
     res.set_content(p->response.dump(), "application/json");
   }
 
+  // GET /v1/responses/{id}/input_items: a page of a kept response's input items, or a 404.
+  void input_items(const httplib::Request& req, httplib::Response& res) {
+    busy(req);
+    const std::string id = req.matches[1];
+    auto p = responses.get(id);
+    if (!p)
+      return send_error(res, ApiError(404, "invalid_request_error", "No response with id '" + id + "' found (kept responses are "
+                                      "in memory only, the oldest forgotten first).", "", "not_found"), false);
+    try {
+      res.set_content(list_input_items(*p, req.params).dump(), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e, false);
+    }
+  }
+
   void routes() {
     svr.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Api::OpenAiChat); });
     svr.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Api::OpenAiCompletion); });
@@ -324,6 +344,7 @@ struct HttpServer::Impl {
     svr.Post("/v1/responses/input_tokens",
              [this](const httplib::Request& q, httplib::Response& r) { count_tokens(q, r, Api::OpenAiResponses); });
     svr.Get(R"(/v1/responses/([^/]+))", [this](const httplib::Request& q, httplib::Response& r) { kept_response(q, r, false); });
+    svr.Get(R"(/v1/responses/([^/]+)/input_items)", [this](const httplib::Request& q, httplib::Response& r) { input_items(q, r); });
     svr.Delete(R"(/v1/responses/([^/]+))", [this](const httplib::Request& q, httplib::Response& r) { kept_response(q, r, true); });
     svr.Post("/v1/messages", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, Api::Anthropic); });
     svr.Post("/v1/messages/count_tokens",

@@ -70,6 +70,9 @@ struct ParsedRequest {
   // included, the instructions not), the request's settings the response object repeats, and
   // whether to keep the response (store), the reasoning in encrypted_content too (include).
   nlohmann::ordered_json conversation;
+  // ... and the same as the API's items with ids, for GET /v1/responses/{id}/input_items: the
+  // previous response's input items and output, then this input's.
+  nlohmann::ordered_json input_items;
   nlohmann::ordered_json settings;
   bool store_response = false;
   bool reasoning_in_encrypted_content = false;

@@ -3,7 +3,7 @@
 namespace dsv4::server {
 
 void ResponseStore::put(const std::string& id, StoredResponse r) {
-  const size_t bytes = id.size() + r.response.dump().size() + r.conversation.dump().size();
+  const size_t bytes = id.size() + r.response.dump().size() + r.conversation.dump().size() + r.input_items.dump().size();
   std::lock_guard<std::mutex> l(mu_);
   erase_locked(id);
   if (bytes > max_bytes_) return;

@@ -1,9 +1,11 @@
 #pragma once
 // The responses `/v1/responses` keeps (OpenAI's `store`, its default): each response object as
-// returned, with the conversation that led to it and its answer, as chat messages. A request
-// naming it in `previous_response_id` continues that conversation; `GET /v1/responses/{id}`
-// returns it and `DELETE` forgets it. Kept in memory only, bounded by bytes: the oldest go first
-// (a request naming a forgotten one gets a 404 and can send the whole conversation instead).
+// returned, with the conversation that led to it and its answer, as chat messages, and the
+// input items it came from. A request naming it in `previous_response_id` continues that
+// conversation; `GET /v1/responses/{id}` returns it, `GET /v1/responses/{id}/input_items` its
+// input items, and `DELETE` forgets it. Kept in memory only, bounded by bytes: the oldest go
+// first (a request naming a forgotten one gets a 404 and can send the whole conversation
+// instead).
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -20,6 +22,7 @@ namespace dsv4::server {
 struct StoredResponse {
   nlohmann::ordered_json response;      // the response object, as returned
   nlohmann::ordered_json conversation;  // chat messages: earlier turns, this input, this answer
+  nlohmann::ordered_json input_items;   // the items it was generated from (ParsedRequest::input_items)
 };
 
 class ResponseStore {

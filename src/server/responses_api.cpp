@@ -87,6 +87,38 @@ void convert_input(const ojson& input, ojson& out) {
   }
 }
 
+// The input's items as GET /v1/responses/{id}/input_items lists them, appended to `out`: each
+// with its id (as sent, else a new one) and a status; a message's text as content parts. Runs
+// after convert_input, which has checked them.
+void append_input_items(const ojson& input, ojson& out) {
+  auto parts = [](const ojson& c, bool assistant) {
+    if (!c.is_string()) return c;
+    ojson p = {{"type", assistant ? "output_text" : "input_text"}, {"text", c}};
+    if (assistant) p["annotations"] = ojson::array();
+    return ojson::array({p});
+  };
+  if (input.is_string()) {
+    out.push_back({{"id", ToolCallStore::new_id("msg_")}, {"type", "message"}, {"role", "user"},
+                   {"content", parts(input, false)}, {"status", "completed"}});
+    return;
+  }
+  for (const ojson& item : input) {
+    const std::string type = item.value("type", "message");
+    const ojson* id = item.contains("id") && item["id"].is_string() && !item["id"].get<std::string>().empty() ? &item["id"] : nullptr;
+    ojson o = {{"id", id ? *id
+                         : ojson(ToolCallStore::new_id(type == "message"         ? "msg_"
+                                                       : type == "reasoning"     ? "rs_"
+                                                       : type == "function_call" ? "fc_"
+                                                                                 : "fco_"))},
+               {"type", type}};
+    for (const auto& [k, v] : item.items())
+      if (k != "id" && k != "type") o[k] = v;
+    if (type == "message") o["content"] = parts(o["content"], o["role"] == "assistant");
+    if (type != "reasoning" && !o.contains("status")) o["status"] = "completed";
+    out.push_back(std::move(o));
+  }
+}
+
 // One function tool ({type: function, name, description, parameters, strict}) as a chat tool,
 // named `prefix` + its name, its description after `intro` (a namespace's).
 ojson convert_function(const ojson& tool, const std::string& w, const std::string& prefix, const std::string& intro) {
@@ -238,7 +270,7 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
   json_beside_tools(r, forced_any);
 
   // The conversation: a previous response's (its input and answer), then this input.
-  ojson conversation = ojson::array();
+  ojson conversation = ojson::array(), items = ojson::array();
   const std::string previous = f.string("previous_response_id", "");
   if (!previous.empty()) {
     auto p = kept ? kept->get(previous) : nullptr;
@@ -248,8 +280,13 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
                      "memory only, the oldest forgotten first; send the whole conversation as input instead)",
                      "previous_response_id", "previous_response_not_found");
     conversation = p->conversation;
+    items = p->input_items;
+    for (const ojson& o : p->response["output"]) items.push_back(o);
   }
-  if (const ojson* in = f.get("input")) convert_input(*in, conversation);
+  if (const ojson* in = f.get("input")) {
+    convert_input(*in, conversation);
+    append_input_items(*in, items);
+  }
   if (conversation.empty()) bad_request("input", "is required");
   const std::string instructions = f.string("instructions", "");
   ojson messages = ojson::array();
@@ -260,6 +297,7 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
                                   "function calls joined to their assistant turn)");
   if (forced_any) r.forced_prefix = forced_call_prefix(forced);
   r.conversation = std::move(conversation);
+  r.input_items = std::move(items);
 
   const int64_t max_out = f.integer("max_output_tokens", 0, 1, 1 << 30);
   tokenize_prompt(r, model, lim, "max_output_tokens", max_out);
@@ -278,6 +316,43 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
                 {"truncation", truncation},
                 {"metadata", f.get("metadata") ? *f.get("metadata") : ojson::object()}};
   if (f.get("user")) r.settings["user"] = f.string("user", "");
+}
+
+ojson list_input_items(const StoredResponse& s, const std::multimap<std::string, std::string>& query) {
+  int64_t limit = 20;
+  bool desc = true, encrypted = false;
+  const std::string* after = nullptr;
+  for (const auto& [k, v] : query) {
+    if (k == "limit") {
+      const bool digits = !v.empty() && v.size() <= 3 && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+      limit = digits ? std::stoll(v) : 0;
+      if (limit < 1 || limit > 100) bad_request("limit", "must be an integer from 1 to 100, got '" + v + "'");
+    } else if (k == "order") {
+      if (v != "asc" && v != "desc") bad_request("order", "must be 'asc' or 'desc', got '" + v + "'");
+      desc = v == "desc";
+    } else if (k == "after") {
+      after = &v;
+    } else if ((k == "include" || k == "include[]") && v == "reasoning.encrypted_content") {
+      encrypted = true;
+    }
+  }
+  std::vector<const ojson*> items;
+  for (const ojson& o : s.input_items) items.push_back(&o);
+  if (desc) std::reverse(items.begin(), items.end());
+  size_t i = 0;
+  if (after) {
+    while (i < items.size() && (*items[i])["id"] != *after) ++i;
+    if (i == items.size()) bad_request("after", "no input item of this response has the id '" + *after + "'");
+    ++i;
+  }
+  ojson data = ojson::array();
+  for (; i < items.size() && static_cast<int64_t>(data.size()) < limit; ++i) {
+    ojson o = *items[i];
+    if (!encrypted && o["type"] == "reasoning") o.erase("encrypted_content");
+    data.push_back(std::move(o));
+  }
+  const ojson first = data.empty() ? ojson(nullptr) : data.front()["id"], last = data.empty() ? ojson(nullptr) : data.back()["id"];
+  return {{"object", "list"}, {"data", std::move(data)}, {"first_id", first}, {"last_id", last}, {"has_more", i < items.size()}};
 }
 
 namespace {
@@ -377,7 +452,7 @@ class OpenAiResponses : public Responder {
         a["tool_calls"].push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.args}}}});
     }
     conv.push_back(std::move(a));
-    kept_->put(id_, StoredResponse{resp, std::move(conv)});
+    kept_->put(id_, StoredResponse{resp, std::move(conv), r_.input_items});
   }
 
   // One SSE event: its type, its fields and the running sequence number.

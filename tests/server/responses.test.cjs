@@ -2,7 +2,8 @@
 // answer whole == the SDK's own accumulation of the event stream (which checks every event
 // against the items it names); the same conversation through chat completions gives the same
 // text; previous_response_id == sending the conversation whole, from the prefix cache; kept
-// responses retrieved and deleted; structured output; counting input tokens; refusals.
+// responses retrieved, their input items listed, and deleted; structured output; counting input
+// tokens; refusals.
 const test = require('node:test');
 const assert = require('node:assert');
 const { OpenAI } = require('openai');
@@ -102,6 +103,53 @@ test('previous_response_id == the conversation sent whole; kept responses are re
   await assert.rejects(client.responses.retrieve(whole.id), (e) => e.status === 404);
 });
 
+test('a kept response lists the items it came from, page by page', async () => {
+  const first = await client.responses.create(ask('Tell me a story', { reasoning: { effort: 'none' } }));
+  const input = [
+    { role: 'developer', content: 'Be brief.' },
+    { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Oslo"}' },
+    { type: 'function_call_output', call_id: 'call_1', output: 'sunny' },
+    { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'And then?' }] },
+  ];
+  const follow = await client.responses.create(ask(input, { reasoning: { effort: 'none' }, previous_response_id: first.id }));
+  // Oldest first, two per page: the SDK follows has_more with `after`.
+  const all = [];
+  for await (const item of client.responses.inputItems.list(follow.id, { order: 'asc', limit: 2 })) all.push(item);
+  // The previous response's input, its output as returned, then this input.
+  assert.deepStrictEqual(all.map((i) => i.type),
+    ['message', ...first.output.map((o) => o.type), 'message', 'function_call', 'function_call_output', 'message']);
+  assert.deepStrictEqual(all[0].content, [{ type: 'input_text', text: 'Tell me a story' }]);
+  assert.strictEqual(all[0].role, 'user');
+  assert.deepStrictEqual(all.slice(1, 1 + first.output.length), first.output);
+  const mine = all.slice(1 + first.output.length);
+  assert.deepStrictEqual(mine[0].content, [{ type: 'input_text', text: 'Be brief.' }]);
+  assert.strictEqual(mine[0].role, 'developer');
+  assert.deepStrictEqual([mine[1].call_id, mine[1].name, mine[1].arguments], ['call_1', 'get_weather', '{"city":"Oslo"}']);
+  assert.deepStrictEqual([mine[2].call_id, mine[2].output], ['call_1', 'sunny']);
+  assert.deepStrictEqual(mine[3].content, input[3].content);
+  assert.ok(all.every((i) => typeof i.id === 'string' && i.id.length > 0), JSON.stringify(all));
+  assert.strictEqual(new Set(all.map((i) => i.id)).size, all.length);
+  // The default: newest first, 20 a page.
+  const page = await client.responses.inputItems.list(follow.id);
+  assert.deepStrictEqual(page.data.map((i) => i.id), all.map((i) => i.id).reverse());
+  assert.strictEqual(page.has_more, false);
+  const one = await client.responses.inputItems.list(follow.id, { limit: 1 });
+  assert.deepStrictEqual([one.data.length, one.data[0].id, one.has_more], [1, all.at(-1).id, true]);
+  assert.deepStrictEqual([one.body.object, one.body.first_id, one.body.last_id], ['list', all.at(-1).id, all.at(-1).id]);
+  const next = await client.responses.inputItems.list(follow.id, { limit: 2, after: one.body.last_id });
+  assert.deepStrictEqual(next.data.map((i) => i.id), [all.at(-2).id, all.at(-3).id]);
+  // The first response's own items: its input alone.
+  const own = await client.responses.inputItems.list(first.id);
+  assert.deepStrictEqual(own.data.map((i) => i.id), [all[0].id]);
+  await assert.rejects(client.responses.inputItems.list(follow.id, { limit: 101 }), (e) => e.status === 400 && e.param === 'limit');
+  await assert.rejects(client.responses.inputItems.list(follow.id, { order: 'up' }), (e) => e.status === 400 && e.param === 'order');
+  await assert.rejects(client.responses.inputItems.list(follow.id, { after: 'msg_nope' }), (e) => e.status === 400 && e.param === 'after');
+  await assert.rejects(client.responses.inputItems.list('resp_nope'), (e) => e.status === 404);
+  // Not kept (store: false): nothing to list.
+  const gone = await client.responses.create(ask('x', { store: false, max_output_tokens: 1 }));
+  await assert.rejects(client.responses.inputItems.list(gone.id), (e) => e.status === 404);
+});
+
 test('text.format json_schema: the answer parses as the schema', async () => {
   // A schema that fixes every token but whitespace ends even with the random model.
   const schema = { type: 'object', properties: { unit: { enum: ['C', 'F'] } }, required: ['unit'], additionalProperties: false };
@@ -149,5 +197,6 @@ test('input tokens are counted as the request would render them; refusals name t
   }
   assert.match(text, /dsv4_requests_total\{endpoint="other",status="404"\} [1-9]/);
   assert.match(text, /dsv4_requests_total\{endpoint="\/v1\/responses\/input_tokens",status="200"\} 3/);
+  assert.match(text, /dsv4_requests_total\{endpoint="\/v1\/responses\/\{id\}\/input_items",status="200"\} [1-9]/);  // (the test before)
   assert.doesNotMatch(text, /no-such-path/);
 });
