@@ -280,8 +280,9 @@ void parse_openai_responses(const ojson& j, ParsedRequest& r, const ModelFacts& 
                      "memory only, the oldest forgotten first; send the whole conversation as input instead)",
                      "previous_response_id", "previous_response_not_found");
     conversation = p->conversation;
-    items = p->input_items;
-    for (const ojson& o : p->response["output"]) items.push_back(o);
+    if (p->input_items.is_array()) items = p->input_items;
+    if (auto out = p->response.find("output"); out != p->response.end() && out->is_array())
+      for (const ojson& o : *out) items.push_back(o);
   }
   if (const ojson* in = f.get("input")) {
     convert_input(*in, conversation);

@@ -241,7 +241,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   dsv4::server::ResponseStore kept;
   kept.put("resp_known", {ojson::object(), ojson::parse(R"([{"role":"user","content":"Hi"},
     {"role":"assistant","content":"","reasoning_content":"greet","tool_calls":[{"id":"call_known","type":"function",
-    "function":{"name":"get_weather","arguments":"{\"location\":\"Paris\"}"}}]}])")});
+    "function":{"name":"get_weather","arguments":"{\"location\":\"Paris\"}"}}]}])"), ojson::array()});
   ParsedRequest r;
   try {
     r = dsv4::server::parse_request(api, body, facts, lim, &store, &kept);
