@@ -97,8 +97,10 @@ constexpr int kIdxWarps = 8;
 constexpr int kIdxPerWarp = 8;  // entries per warp per block
 
 // Block (t, entry tile). Shared: q_t [HI][dI + 1] (padded: lane h reads row h conflict-free),
-// w_t [HI], one decoded key per warp [dI]. Lane l owns heads l, l + 32, ...; the entry's score
-// is the warp sum of its heads' w_h * relu(q_h . K_b).
+// w_t [HI], per warp one decoded key [dI] and its heads' relu'd dots [HI]. Lane l computes
+// heads l, l + 32, ...: each dot one fma chain over the columns; then lane 0 chains
+// fma(w_h, relu_h, score) over h in order -- the CPU's order (kernels/cpu/indexer_scores.h), so
+// the scores are the CPU's floats bit for bit.
 __global__ void __launch_bounds__(kIdxWarps * 32)
     indexer_scores_kernel(const float* __restrict__ q, const float* __restrict__ w, int64_t HI, int64_t dI,
                           const uint8_t* __restrict__ keys, int64_t key_stride, const int32_t* __restrict__ pos,
@@ -109,6 +111,7 @@ __global__ void __launch_bounds__(kIdxWarps * 32)
   float* qs = sm;
   float* ws = qs + HI * qld;
   float* kb = ws + HI;
+  float* rb = kb + kIdxWarps * dI;
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int64_t vis = (static_cast<int64_t>(pos[t]) + 1) / ratio;
@@ -122,6 +125,7 @@ __global__ void __launch_bounds__(kIdxWarps * 32)
   }
   __syncthreads();
   float* kw = kb + warp * dI;
+  float* rw = rb + warp * HI;
   for (int e = 0; e < kIdxPerWarp; ++e) {
     const int64_t b = b0 + warp * kIdxPerWarp + e;
     if (b >= n) break;
@@ -132,16 +136,19 @@ __global__ void __launch_bounds__(kIdxWarps * 32)
     const uint8_t* kp = keys + b * key_stride;
     for (int64_t c = lane; c < dI; c += 32) kw[c] = fp4_elem(kp, static_cast<int>(dI), static_cast<int>(c));
     __syncwarp();
-    float part = 0.0f;
     for (int64_t hh = lane; hh < HI; hh += 32) {
       const float* qr = qs + hh * qld;
       float dot = 0.0f;
       for (int64_t c = 0; c < dI; ++c) dot = fmaf(qr[c], kw[c], dot);
-      part += ws[hh] * fmaxf(0.0f, dot);
+      rw[hh] = dot > 0.0f ? dot : 0.0f;  // NaN and -0 give +0
     }
-    const float s = warp_sum(part);
-    if (lane == 0) scores[t * ld + b] = s;
-    __syncwarp();  // kw is rewritten for the next entry
+    __syncwarp();
+    if (lane == 0) {
+      float s = 0.0f;
+      for (int64_t h = 0; h < HI; ++h) s = fmaf(ws[h], rw[h], s);
+      scores[t * ld + b] = s;
+    }
+    __syncwarp();  // kw and rw are rewritten for the next entry
   }
 }
 
@@ -282,7 +289,7 @@ void indexer_scores(const float* q, const float* w, int64_t T, int64_t HI, int64
   if (dI <= 0 || dI % 32 != 0 || HI <= 0 || ratio <= 0) bad_arg(op, "bad shape");
   if (key_stride < static_cast<int64_t>(fp4_codec_bytes(dI))) bad_arg(op, "key_stride too small");
   if (ld < n) bad_arg(op, "ld < n");
-  const size_t smem = sizeof(float) * static_cast<size_t>(HI * (dI + 1) + HI + kIdxWarps * dI);
+  const size_t smem = sizeof(float) * static_cast<size_t>(HI * (dI + 1) + HI + kIdxWarps * (dI + HI));
   static constexpr size_t kMaxSmem = 227 * 1024;
   if (smem > kMaxSmem) bad_arg(op, "HI x dI too large for shared memory");
   if (T <= 0) return;

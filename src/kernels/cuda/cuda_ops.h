@@ -389,7 +389,7 @@ struct SparseAttention {
 };
 void sparse_attention(const SparseAttention& a, Stream stream = nullptr);
 
-// Indexer scores (the CPU's kernels/cpu/indexer_scores.h to rounding):
+// Indexer scores, the CPU's (kernels/cpu/indexer_scores.h) bit for bit, in its order:
 // scores[t * ld + b] = sum_h w[t, h] * relu(q[t, h] . K_b)
 // for b < vis = min((pos[t]+1)/ratio, n), -inf for the other b < n; n_visible[t] = vis (device,
 // may be null) feeds topk_rows. q [T, HI, dI], w [T, HI], keys Fp4Codec bytes `key_stride` apart.
