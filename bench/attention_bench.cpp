@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
           pb.resize(static_cast<size_t>(H * n));
           int64_t j = 0;
           auto take = [&](int64_t u) {
-            for (int64_t h = 0; h < H; ++h) pb[h * n + j] = sc[u * B * H + b * H + h];
+            for (int64_t h = 0; h < H; ++h) pb[h * n + j] = sc[(b * H + h) * nu + u];
             ++j;
           };
           for (int64_t k = b; k < b + W; ++k) take(k);

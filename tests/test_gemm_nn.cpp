@@ -3,6 +3,8 @@
 
 #include <cstring>
 #include <random>
+#include <tuple>
+#include <vector>
 
 #include "kernels/cpu/gemm_nn.h"
 #include "kernels/cpu/qmatmul.h"
@@ -59,6 +61,42 @@ TEST(GemmNN, MatchesPlainMathOnEveryIsa) {
       gemm_nn(A.data() + m1 / 2 * lda, lda, B.data() + 1, ldb, sub.data(), ldc, m1 - m1 / 2, n1, K);
       for (int64_t m = 0; m < m1 - m1 / 2; ++m)
         for (int64_t n = 0; n < n1 && n + 1 < N; ++n) ASSERT_EQ(sub[m * ldc + n], C[(m + m1 / 2) * ldc + n + 1]);
+    }
+    clear_isa_override();
+  }
+}
+
+// gemm_nt: A . B^T with B's rows as the columns of C. Each element is gemm_nn's chain on B
+// transposed, bit for bit, on every ISA; shapes with partial strips (N not a multiple of 32) and
+// K not a multiple of the 16 x 16 transpose blocks.
+TEST(GemmNT, IsGemmNNOnTheTransposeOnEveryIsa) {
+  std::mt19937 g(6);
+  for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{64, 640, 512}, {9, 70, 37}, {1, 1, 1}, {17, 32, 16}, {8, 33, 100}}) {
+    const int64_t lda = K + 3, ldb = K + 5, ldc = N + 7;
+    auto A = rnd(g, static_cast<size_t>(M * lda)), B = rnd(g, static_cast<size_t>(N * ldb));
+    std::vector<float> Bt(static_cast<size_t>(K * N));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) Bt[k * N + n] = B[n * ldb + k];
+    std::vector<float> first;
+    for (Isa isa : {Isa::Scalar, Isa::AVX2, Isa::AVX512}) {
+      if (!isa_supported(isa)) continue;
+      set_isa_override(isa);
+      std::vector<float> C(static_cast<size_t>(M * ldc), -7.0f), ref(static_cast<size_t>(M * ldc), -7.0f);
+      gemm_nt(A.data(), lda, B.data(), ldb, C.data(), ldc, M, N, K);
+      gemm_nn(A.data(), lda, Bt.data(), N, ref.data(), ldc, M, N, K);
+      ASSERT_EQ(std::memcmp(C.data(), ref.data(), C.size() * sizeof(float)), 0) << isa_name(isa) << " " << M << "x" << N << "x" << K;
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t n = 0; n < N; ++n) {
+          double s = 0;
+          for (int64_t k = 0; k < K; ++k) s += static_cast<double>(A[m * lda + k]) * B[n * ldb + k];
+          ASSERT_NEAR(C[m * ldc + n], s, 1e-5 * K) << isa_name(isa);
+        }
+        for (int64_t n = N; n < ldc; ++n) ASSERT_EQ(C[m * ldc + n], -7.0f) << "wrote outside C";
+      }
+      if (first.empty())
+        first = C;
+      else
+        EXPECT_EQ(std::memcmp(first.data(), C.data(), C.size() * sizeof(float)), 0) << isa_name(isa);
     }
     clear_isa_override();
   }

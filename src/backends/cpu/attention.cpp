@@ -17,9 +17,8 @@ void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t 
     std::fill(out, out + H * d, 0.0f);
     return;
   }
-  // Scores S[h, j] = q_h . K_j: the keys act as an F32 weight [n, d], the heads as tokens.
   std::vector<float> p(static_cast<size_t>(H * n));
-  qmatmul(f32_weight(K, n, d), 0, n, Q, d, H, p.data(), n);
+  query_key_scores(Q, H, K, n, d, p.data());  // p[h, j] = q_h . K_j
   count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));
   attend_scores(p.data(), H, K, n, d, sink, scale, out);
 }
@@ -53,7 +52,7 @@ void attend_scores(float* p, int64_t H, const float* K, int64_t n, int64_t d, co
 
 void query_key_scores(const float* Q, int64_t nq, const float* K, int64_t n, int64_t d, float* S) {
   if (nq == 0 || n == 0) return;
-  qmatmul(f32_weight(Q, nq, d), 0, nq, K, d, n, S, nq);
+  gemm_nt(Q, d, K, d, S, n, nq, n, d);
 }
 
 void indexer_select(const float* q, const float* w, int64_t nq, const int64_t* vis, const Fp4Keys& keys, int64_t heads,

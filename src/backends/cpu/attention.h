@@ -11,23 +11,24 @@ namespace dsv4 {
 // All H heads of one query over the same n keys (K = V, contiguous [n, d]):
 // out[h] = sum_j p_hj K_j, p_hj = exp(q_h.K_j*scale) / (sum_j' exp(q_h.K_j'*scale) + exp(sink[h])).
 // Q is [H, d]; out [H, d] is overwritten. Scores and the weighted sum run as matrix products on
-// the pool (qmatmul, gemm_nn); call it from one thread at a time.
+// the pool (gemm_nt, gemm_nn); call it from one thread at a time.
 void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t d, const float* sink, float scale, float* out);
 
 // The forward uses the two halves of attend_heads below (scores for a block of queries at once,
 // then attend_scores per query); attend_heads is the one-query composition.
 // The same with the scores already computed: p [H, n] holds q_h . K_j (before `scale`) and is
 // overwritten with the attention weights. (A query's scores may come from a larger product:
-// each is one canonical qmatmul dot, whichever operand plays the weight.)
+// each is the same dot, one fma chain over d, whatever the product.)
 // RunOn::Caller runs it on the calling thread (for callers already on the pool: the same
 // bits, the pool is not reentrant).
 enum class RunOn { Pool, Caller };
 void attend_scores(float* p, int64_t H, const float* K, int64_t n, int64_t d, const float* sink, float scale, float* out,
                    RunOn where = RunOn::Pool);
 
-// S[j * nq + i] = Q_i . K_j for nq query rows and n keys (one product: the queries act as the F32
-// weight, the keys as tokens; each value equals attend_heads' score bit for bit). FLOPs are not
-// counted here: a caller counts the scores it uses.
+// S[i * n + j] = Q_i . K_j for nq query rows and n keys (Q [nq, d], K [n, d]), each one fma chain
+// over d in order (gemm_nt): the same float in any product, so a block of queries scored against
+// the union of their keys gives each query attend_heads' scores bit for bit. Runs on the pool.
+// FLOPs are not counted here: a caller counts the scores it uses.
 void query_key_scores(const float* Q, int64_t nq, const float* K, int64_t n, int64_t d, float* S);
 
 // Indexer selections of nq queries over the same keys: query t's top min(k, vis[t]) of keys

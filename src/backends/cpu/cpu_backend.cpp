@@ -342,9 +342,9 @@ void CpuBackend::attend(Step&, const Attend& a) {
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   // Each query attends over its own keys in its own order: the window (chunk or ring), then the
   // visible compressed entries (CSA: in the indexer's top-k order). The scores of a block of
-  // kQueryBlock queries are one product against the union of their keys (the block's queries as
-  // the F32 weight, the keys as tokens: each score is the same canonical dot either way round),
-  // then every query takes its softmax and weighted sum over its own keys.
+  // kQueryBlock queries are one product against the union of their keys (query_key_scores: each
+  // score is one fma chain over d, the same float in any product), then every query takes its
+  // softmax and weighted sum over its own keys.
   constexpr int64_t kQueryBlock = 16;
   // Per-query scoring is taken when the union's product has at least this many times more dots
   // (its products are smaller: bench/attention_bench, docs/perf.md "Session 35").
@@ -377,12 +377,12 @@ void CpuBackend::attend(Step&, const Attend& a) {
     // Scoring the block's queries against the union of their keys costs B x nu dots; each query
     // against its own keys, the sum of their counts. At long contexts the CSA queries' top-k
     // differ (the union grows towards B x top-k) and the union wastes most of its product; there
-    // each query is scored on its own (the same canonical dots either way round: the same bits).
+    // each query is scored on its own (the same dots: the same bits).
     int64_t own_keys = 0;
     for (int64_t b = 0; b < B; ++b) own_keys += pos0 + b - std::max<int64_t>(0, pos0 + b - W + 1) + 1 + static_cast<int64_t>(top[b].size());
     const bool per_query = B > 1 && own_keys * kOwnScoresCost <= nu * B;
     if (!per_query) {
-      // sc[u * BH + b*H + h] = q_{b,h} . key_u
+      // sc[(b*H + h) * nu + u] = q_{b,h} . key_u
       sc.resize(static_cast<size_t>(nu * BH));
       query_key_scores(qv + t0 * H * d, BH, uk.data(), nu, d, sc.data());
     }
@@ -401,13 +401,13 @@ void CpuBackend::attend(Step&, const Attend& a) {
       int64_t j = 0;
       auto take = [&](int64_t u) {
         if (!per_query)
-          for (int64_t h = 0; h < H; ++h) pb[h * n + j] = sc[u * BH + b * H + h];
+          for (int64_t h = 0; h < H; ++h) pb[h * n + j] = sc[(b * H + h) * nu + u];
         if (!own) std::copy(uk.data() + u * d, uk.data() + (u + 1) * d, kb.data() + j * d);
         ++j;
       };
       for (int64_t k = first; k <= pos; ++k) take(k - first0);
       for (int32_t e : top[b]) take(slot[e]);
-      if (per_query) query_key_scores(kb.data(), n, qv + (t0 + b) * H * d, H, d, pb.data());  // pb[h * n + j]
+      if (per_query) query_key_scores(qv + (t0 + b) * H * d, H, kb.data(), n, d, pb.data());  // pb[h * n + j]
       count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));  // this query's scores
       attend_scores(pb.data(), H, own ? uk.data() : kb.data(), n, d, sink, scale, o + (t0 + b) * H * d, where);
     };

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/threads.h"
 #include "kernels/cpu/qmatmul.h"
@@ -100,6 +101,47 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* A, int64_t lda, 
   if (n < n1) tile_scalar(A, lda, B, ldb, C, ldc, M, n, n1, K);
 }
 
+// dst[c * ldd + i] = src[i * lds + c] for a 16 x 16 block: unpacks within 128-bit lanes (rows
+// 0-3 of each group of four at each column), then the lanes gathered across groups.
+__attribute__((target("avx512f"))) void transpose16_avx512(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4g + c], lane L: rows 4g .. 4g+3 at column 4L + c.
+  __m512 u[16];
+  for (int g = 0; g < 4; ++g) {
+    const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
+    u[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 v01 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), v23 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+    const __m512 w01 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44), w23 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    _mm512_storeu_ps(dst + (0 + c) * ldd, _mm512_shuffle_f32x4(v01, w01, 0x88));
+    _mm512_storeu_ps(dst + (4 + c) * ldd, _mm512_shuffle_f32x4(v01, w01, 0xDD));
+    _mm512_storeu_ps(dst + (8 + c) * ldd, _mm512_shuffle_f32x4(v23, w23, 0x88));
+    _mm512_storeu_ps(dst + (12 + c) * ldd, _mm512_shuffle_f32x4(v23, w23, 0xDD));
+  }
+}
+
+// bt[k * 32 + j] = B[j * ldb + k] for the strip's w <= 32 rows of B (k < K); columns j >= w zero.
+void transpose_strip(const float* B, int64_t ldb, int64_t w, int64_t K, float* bt) {
+  int64_t k0 = 0;
+  if (active_isa() == Isa::AVX512 && w == 32)
+    for (; k0 + 16 <= K; k0 += 16) {
+      transpose16_avx512(B + k0, ldb, bt + k0 * 32, 32);
+      transpose16_avx512(B + 16 * ldb + k0, ldb, bt + k0 * 32 + 16, 32);
+    }
+  for (int64_t k = k0; k < K; ++k)
+    for (int64_t j = 0; j < 32; ++j) bt[k * 32 + j] = j < w ? B[j * ldb + k] : 0.0f;
+}
+
 }  // namespace
 
 namespace {
@@ -122,6 +164,27 @@ void gemm_nn(const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
   // Split N in 32-column strips over the pool; every element's k-order is the same in any split.
   const int64_t strips = (N + 31) / 32;
   thread_pool().parallel_for(strips, [&](int64_t b, int64_t e) { columns(A, lda, B, ldb, C, ldc, M, b * 32, std::min(N, e * 32), K); });
+}
+
+void gemm_nt(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t N, int64_t K) {
+  const int64_t strips = (N + 31) / 32;
+  thread_pool().parallel_for(strips, [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> bt, ct;  // the strip transposed: [K, 32]
+    bt.resize(static_cast<size_t>(K * 32));
+    for (int64_t s = b; s < e; ++s) {
+      const int64_t n0 = s * 32, w = std::min<int64_t>(32, N - n0);
+      transpose_strip(B + n0 * ldb, ldb, w, K, bt.data());
+      if (w == 32) {
+        columns(A, lda, bt.data(), 32, C + n0, ldc, M, 0, 32, K);
+        continue;
+      }
+      // A partial strip: zero columns past N (the tiles' full width instead of the scalar
+      // remainder; a column's chain never reads another's), the first w copied out.
+      ct.resize(static_cast<size_t>(M * 32));
+      columns(A, lda, bt.data(), 32, ct.data(), 32, M, 0, 32, K);
+      for (int64_t m = 0; m < M; ++m) std::copy(ct.begin() + m * 32, ct.begin() + m * 32 + w, C + m * ldc + n0);
+    }
+  });
 }
 
 void gemm_nn_local(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t N,

@@ -13,4 +13,10 @@ void gemm_nn(const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
 void gemm_nn_local(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t N,
                    int64_t K);
 
+// C[M, N] = A[M, K] . B[N, K]^T (B row-major [N, K]: attention's query-key scores, the keys as
+// rows): each element the same one fma chain in k order as gemm_nn gives with B transposed,
+// bit for bit. Each 32-row strip of B is transposed into a thread's buffer, then run through
+// gemm_nn's tiles (the fused qmatmul with K = 512 F32 "weights" ran ~4x slower per FLOP here).
+void gemm_nt(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t N, int64_t K);
+
 }  // namespace dsv4
