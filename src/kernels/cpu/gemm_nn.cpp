@@ -12,6 +12,7 @@
 
 #include "core/threads.h"
 #include "kernels/cpu/qmatmul.h"
+#include "kernels/cpu/transpose16.h"
 
 namespace dsv4 {
 
@@ -101,33 +102,12 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* A, int64_t lda, 
   if (n < n1) tile_scalar(A, lda, B, ldb, C, ldc, M, n, n1, K);
 }
 
-// dst[c * ldd + i] = src[i * lds + c] for a 16 x 16 block: unpacks within 128-bit lanes (rows
-// 0-3 of each group of four at each column), then the lanes gathered across groups.
+// dst[c * ldd + i] = src[i * lds + c] for a 16 x 16 block.
 __attribute__((target("avx512f"))) void transpose16_avx512(const float* src, int64_t lds, float* dst, int64_t ldd) {
-  __m512 r[16], t[16];
+  __m512 r[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  // u[4g + c], lane L: rows 4g .. 4g+3 at column 4L + c.
-  __m512 u[16];
-  for (int g = 0; g < 4; ++g) {
-    const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
-    const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
-    u[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512 v01 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), v23 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
-    const __m512 w01 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44), w23 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
-    _mm512_storeu_ps(dst + (0 + c) * ldd, _mm512_shuffle_f32x4(v01, w01, 0x88));
-    _mm512_storeu_ps(dst + (4 + c) * ldd, _mm512_shuffle_f32x4(v01, w01, 0xDD));
-    _mm512_storeu_ps(dst + (8 + c) * ldd, _mm512_shuffle_f32x4(v23, w23, 0x88));
-    _mm512_storeu_ps(dst + (12 + c) * ldd, _mm512_shuffle_f32x4(v23, w23, 0xDD));
-  }
+  transpose16(r);
+  for (int c = 0; c < 16; ++c) _mm512_storeu_ps(dst + c * ldd, r[c]);
 }
 
 // bt[k * 32 + j] = B[j * ldb + k] for the strip's w <= 32 rows of B (k < K); columns j >= w zero.

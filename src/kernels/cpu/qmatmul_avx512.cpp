@@ -19,6 +19,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/byte_range.h"
 #include "kernels/cpu/qmatmul_impl.h"
+#include "kernels/cpu/transpose16.h"
 
 namespace dsv4::qmm {
 namespace {
@@ -39,32 +40,7 @@ struct V {
   TGTI static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   TGTI static reg bcast(const float* p) { return _mm512_set1_ps(*p); }
   TGTI static void store_first(float* p, reg v, int n) { _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1u), v); }
-  // In-register 16 x 16 transpose: r[i] lane j -> r[j] lane i. Stage 1 interleaves pairs of rows
-  // (32-bit), stage 2 pairs of pairs (64-bit): then 128-bit lane q of b[4i+m] holds column 4q+m
-  // of rows 4i..4i+3, and stage 3 transposes those 4 x 4 blocks of 128-bit lanes.
-  TGTI static void transpose(reg (&r)[16]) {
-    __m512 a[16], b[16];
-    for (int i = 0; i < 8; ++i) {
-      a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-      a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) {
-      const __m512d a0 = _mm512_castps_pd(a[4 * i]), a1 = _mm512_castps_pd(a[4 * i + 1]);
-      const __m512d a2 = _mm512_castps_pd(a[4 * i + 2]), a3 = _mm512_castps_pd(a[4 * i + 3]);
-      b[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
-      b[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
-      b[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
-      b[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
-    }
-    for (int m = 0; m < 4; ++m) {
-      const __m512 d0 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0x44), d1 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0xEE);
-      const __m512 d2 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0x44), d3 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0xEE);
-      r[m] = _mm512_shuffle_f32x4(d0, d2, 0x88);
-      r[4 + m] = _mm512_shuffle_f32x4(d0, d2, 0xDD);
-      r[8 + m] = _mm512_shuffle_f32x4(d1, d3, 0x88);
-      r[12 + m] = _mm512_shuffle_f32x4(d1, d3, 0xDD);
-    }
-  }
+  TGTI static void transpose(reg (&r)[16]) { transpose16(r); }  // r[i] lane j -> r[j] lane i
   // Pins v in a register: the compiler can no longer re-read it from memory at each use.
   TGTI static void keep(reg& v) { asm("" : "+v"(v)); }
   // The fused tiles with tokens >= rows (qmatmul_kernels.inc) pin each loaded x vector: left
