@@ -12,7 +12,7 @@
 
 #include "core/threads.h"
 #include "kernels/cpu/qmatmul.h"
-#include "kernels/cpu/transpose16.h"
+#include "kernels/cpu/transpose.h"
 
 namespace dsv4 {
 
@@ -110,14 +110,26 @@ __attribute__((target("avx512f"))) void transpose16_avx512(const float* src, int
   for (int c = 0; c < 16; ++c) _mm512_storeu_ps(dst + c * ldd, r[c]);
 }
 
+// The same for 8 x 8.
+__attribute__((target("avx"))) void transpose8_avx(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  transpose8(r);
+  for (int c = 0; c < 8; ++c) _mm256_storeu_ps(dst + c * ldd, r[c]);
+}
+
 // bt[k * 32 + j] = B[j * ldb + k] for the strip's w <= 32 rows of B (k < K); columns j >= w zero.
 void transpose_strip(const float* B, int64_t ldb, int64_t w, int64_t K, float* bt) {
   int64_t k0 = 0;
-  if (active_isa() == Isa::AVX512 && w == 32)
+  const Isa isa = active_isa();
+  if (isa == Isa::AVX512 && w == 32)
     for (; k0 + 16 <= K; k0 += 16) {
       transpose16_avx512(B + k0, ldb, bt + k0 * 32, 32);
       transpose16_avx512(B + 16 * ldb + k0, ldb, bt + k0 * 32 + 16, 32);
     }
+  if (isa == Isa::AVX2 && w == 32)
+    for (; k0 + 8 <= K; k0 += 8)
+      for (int64_t j = 0; j < 32; j += 8) transpose8_avx(B + j * ldb + k0, ldb, bt + k0 * 32 + j, 32);
   for (int64_t k = k0; k < K; ++k)
     for (int64_t j = 0; j < 32; ++j) bt[k * 32 + j] = j < w ? B[j * ldb + k] : 0.0f;
 }

@@ -20,6 +20,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/byte_range.h"
 #include "kernels/cpu/qmatmul_impl.h"
+#include "kernels/cpu/transpose.h"
 
 namespace dsv4::qmm {
 namespace {
@@ -43,27 +44,7 @@ struct V {
     const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     _mm256_maskstore_ps(p, m, v);
   }
-  // In-register 8 x 8 transpose: r[i] lane j -> r[j] lane i. Stages 1-2 as in the AVX-512 file
-  // (then 128-bit lane q of b[4i+m] holds column 4q+m of rows 4i..4i+3); stage 3 swaps lanes.
-  TGTI static void transpose(reg (&r)[8]) {
-    __m256 a[8], b[8];
-    for (int i = 0; i < 4; ++i) {
-      a[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-      a[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 2; ++i) {
-      const __m256d a0 = _mm256_castps_pd(a[4 * i]), a1 = _mm256_castps_pd(a[4 * i + 1]);
-      const __m256d a2 = _mm256_castps_pd(a[4 * i + 2]), a3 = _mm256_castps_pd(a[4 * i + 3]);
-      b[4 * i] = _mm256_castpd_ps(_mm256_unpacklo_pd(a0, a2));
-      b[4 * i + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a0, a2));
-      b[4 * i + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(a1, a3));
-      b[4 * i + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(a1, a3));
-    }
-    for (int m = 0; m < 4; ++m) {
-      r[m] = _mm256_permute2f128_ps(b[m], b[4 + m], 0x20);
-      r[4 + m] = _mm256_permute2f128_ps(b[m], b[4 + m], 0x31);
-    }
-  }
+  TGTI static void transpose(reg (&r)[8]) { transpose8(r); }  // r[i] lane j -> r[j] lane i
   // Pins v in a register: the compiler can no longer re-read it from memory at each use.
   TGTI static void keep(reg& v) { asm("" : "+x"(v)); }
   // Not with 16 registers: pinning x (see the AVX-512 V) ran the AVX2 FP8 tiles at T = 2 and 4

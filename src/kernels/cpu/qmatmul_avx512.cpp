@@ -19,7 +19,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/byte_range.h"
 #include "kernels/cpu/qmatmul_impl.h"
-#include "kernels/cpu/transpose16.h"
+#include "kernels/cpu/transpose.h"
 
 namespace dsv4::qmm {
 namespace {
