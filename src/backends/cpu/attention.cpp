@@ -7,7 +7,6 @@
 #include "core/arena.h"
 #include "core/threads.h"
 #include "kernels/cpu/gemm_nn.h"
-#include "kernels/cpu/qmatmul.h"
 #include "backends/cpu/ops.h"
 
 namespace dsv4 {
