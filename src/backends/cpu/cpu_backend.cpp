@@ -271,7 +271,8 @@ void CpuBackend::index_topk(Step& s, const IndexTopk& k) {
   const LayerState& ls = q.st->layers[k.layer];
   const int64_t HI = c.index_heads, dI = c.index_dim, K = c.index_topk, ratio = w_.layer(k.layer).ratio;
   // The keys as cached (FP4), page by page; queries in blocks of kIndexerBlock share one scan.
-  std::vector<const uint8_t*> pages(static_cast<size_t>(ls.index_keys.pages()));
+  thread_local std::vector<const uint8_t*> pages;  // grows to the longest context, then reused
+  pages.resize(static_cast<size_t>(ls.index_keys.pages()));
   for (int64_t p = 0; p < ls.index_keys.pages(); ++p) pages[p] = ls.index_keys.row(p * RowStore::kRowsPerPage);
   const Fp4Keys keys{pages.data(), RowStore::kRowsPerPage, static_cast<int64_t>(ls.index_keys.row_bytes())};
   constexpr int64_t kIndexerBlock = 16;
