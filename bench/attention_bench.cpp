@@ -1,7 +1,8 @@
 // What a prefill's CSA attention costs per block of 16 queries, two ways, alternating in one
 // process (this VM's stage timings move by 2x between runs, so only interleaved figures compare):
 // the block's queries scored against the union of their keys in one product (query_key_scores),
-// then each query's softmax and weighted sum, vs each query against its own keys (attend_heads).
+// then each query's softmax and weighted sum, vs each query against its own keys, as attend does
+// them (keys read through row pointers where they lie).
 // Each query reads its window (128 positions) and its top-k (512) of E compressed entries; at
 // long contexts the queries' top-k differ and the union grows. The two must give the same bits
 // (checked). V4-Flash's sizes (64 heads of 512). Not a test; docs/perf.md "Session 35" has its
@@ -66,28 +67,30 @@ int main(int argc, char** argv) {
     uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
     std::vector<int32_t> slot(static_cast<size_t>(E), -1);
     const int64_t nwin = W + B - 1, nu = nwin + static_cast<int64_t>(uni.size());
-    std::vector<float> uk(static_cast<size_t>(nu * d));
-    std::copy(window.begin(), window.begin() + nwin * d, uk.begin());
+    // The union's keys where they lie, as attend reads them (row pointers, nothing copied).
+    std::vector<const float*> ur(static_cast<size_t>(nu));
+    for (int64_t j = 0; j < nwin; ++j) ur[j] = window.data() + j * d;
     for (size_t u = 0; u < uni.size(); ++u) {
       slot[uni[u]] = static_cast<int32_t>(nwin + static_cast<int64_t>(u));
-      std::copy(entries.begin() + uni[u] * d, entries.begin() + (uni[u] + 1) * d, uk.begin() + (nwin + static_cast<int64_t>(u)) * d);
+      ur[nwin + u] = entries.data() + uni[u] * d;
     }
     const std::vector<float> q = randv(g, static_cast<size_t>(B * H * d));
-    std::vector<float> out_a(static_cast<size_t>(B * H * d)), out_b(out_a.size()), sc, keys;
+    std::vector<float> out_a(static_cast<size_t>(B * H * d)), out_b(out_a.size()), sc, p;
+    std::vector<const float*> rows;
     const int64_t n = W + std::min(K, E);  // each query's keys: its window (b - W + 1 .. b) and its top-k
-    auto own_keys = [&](int64_t b, std::vector<float>& kb) {  // in attend's order
-      kb.resize(static_cast<size_t>(n * d));
-      float* kp = kb.data();
-      for (int64_t j = b; j < b + W; ++j) kp = std::copy(uk.data() + j * d, uk.data() + (j + 1) * d, kp);
-      for (int32_t e : top[b]) kp = std::copy(uk.data() + slot[e] * d, uk.data() + (slot[e] + 1) * d, kp);
+    auto own_keys = [&](int64_t b, std::vector<const float*>& kr) {  // in attend's order
+      kr.clear();
+      for (int64_t j = b; j < b + W; ++j) kr.push_back(ur[j]);
+      for (int32_t e : top[b]) kr.push_back(ur[slot[e]]);
     };
     auto csa_union = [&] {
       sc.resize(static_cast<size_t>(nu * B * H));
-      query_key_scores(q.data(), B * H, uk.data(), nu, d, sc.data());
+      query_key_scores(q.data(), B * H, ur.data(), nu, d, sc.data());
       thread_pool().parallel_for(B, [&](int64_t bb, int64_t be) {
-        thread_local std::vector<float> pb, kb;
+        thread_local std::vector<float> pb;
+        thread_local std::vector<const float*> kr;
         for (int64_t b = bb; b < be; ++b) {
-          own_keys(b, kb);
+          own_keys(b, kr);
           pb.resize(static_cast<size_t>(H * n));
           int64_t j = 0;
           auto take = [&](int64_t u) {
@@ -96,14 +99,16 @@ int main(int argc, char** argv) {
           };
           for (int64_t k = b; k < b + W; ++k) take(k);
           for (int32_t e : top[b]) take(slot[e]);
-          attend_scores(pb.data(), H, kb.data(), n, d, sink.data(), scale, out_a.data() + b * H * d, RunOn::Caller);
+          attend_scores(pb.data(), H, kr.data(), n, d, sink.data(), scale, out_a.data() + b * H * d, RunOn::Caller);
         }
       }, static_cast<int>(B));
     };
     auto csa_own = [&] {
       for (int64_t b = 0; b < B; ++b) {
-        own_keys(b, keys);
-        attend_heads(q.data() + b * H * d, H, keys.data(), n, d, sink.data(), scale, out_b.data() + b * H * d);
+        own_keys(b, rows);
+        p.resize(static_cast<size_t>(H * n));
+        query_key_scores(q.data() + b * H * d, H, rows.data(), n, d, p.data());
+        attend_scores(p.data(), H, rows.data(), n, d, sink.data(), scale, out_b.data() + b * H * d);
       }
     };
     std::vector<double> ta, tb;

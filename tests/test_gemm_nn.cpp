@@ -18,6 +18,12 @@ std::vector<float> rnd(std::mt19937& g, size_t n) {
   for (float& x : v) x = u(g);
   return v;
 }
+// Pointers to the n rows of a matrix with row stride ld.
+std::vector<const float*> rows_of(const float* p, int64_t ld, int64_t n) {
+  std::vector<const float*> r(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) r[i] = p + i * ld;
+  return r;
+}
 }  // namespace
 
 TEST(GemmNN, MatchesPlainMathOnEveryIsa) {
@@ -37,7 +43,8 @@ TEST(GemmNN, MatchesPlainMathOnEveryIsa) {
       if (!isa_supported(isa)) continue;
       set_isa_override(isa);
       std::vector<float> C(static_cast<size_t>(M * ldc), -7.0f);
-      gemm_nn(A.data(), lda, B.data(), ldb, C.data(), ldc, M, N, K);
+      const auto Br = rows_of(B.data(), ldb, K);
+      gemm_nn(A.data(), lda, Br.data(), C.data(), ldc, M, N, K);
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = 0; n < ldc; ++n) {
           if (n >= N) {
@@ -53,12 +60,13 @@ TEST(GemmNN, MatchesPlainMathOnEveryIsa) {
         EXPECT_EQ(std::memcmp(first.data(), C.data(), C.size() * sizeof(float)), 0) << isa_name(isa);
       // On the calling thread (callers already on the pool): the same bits.
       std::vector<float> local(static_cast<size_t>(M * ldc), -7.0f);
-      gemm_nn_local(A.data(), lda, B.data(), ldb, local.data(), ldc, M, N, K);
+      gemm_nn_local(A.data(), lda, Br.data(), local.data(), ldc, M, N, K);
       EXPECT_EQ(std::memcmp(local.data(), C.data(), C.size() * sizeof(float)), 0) << isa_name(isa) << " local";
       // A sub-block (fewer rows and columns) gives the same bits as the full product.
       std::vector<float> sub(static_cast<size_t>(M * ldc), 0.0f);
       const int64_t m1 = std::max<int64_t>(1, M / 2), n1 = std::max<int64_t>(1, N / 3);
-      gemm_nn(A.data() + m1 / 2 * lda, lda, B.data() + 1, ldb, sub.data(), ldc, m1 - m1 / 2, n1, K);
+      const auto Br1 = rows_of(B.data() + 1, ldb, K);
+      gemm_nn(A.data() + m1 / 2 * lda, lda, Br1.data(), sub.data(), ldc, m1 - m1 / 2, n1, K);
       for (int64_t m = 0; m < m1 - m1 / 2; ++m)
         for (int64_t n = 0; n < n1 && n + 1 < N; ++n) ASSERT_EQ(sub[m * ldc + n], C[(m + m1 / 2) * ldc + n + 1]);
     }
@@ -82,8 +90,9 @@ TEST(GemmNT, IsGemmNNOnTheTransposeOnEveryIsa) {
       if (!isa_supported(isa)) continue;
       set_isa_override(isa);
       std::vector<float> C(static_cast<size_t>(M * ldc), -7.0f), ref(static_cast<size_t>(M * ldc), -7.0f);
-      gemm_nt(A.data(), lda, B.data(), ldb, C.data(), ldc, M, N, K);
-      gemm_nn(A.data(), lda, Bt.data(), N, ref.data(), ldc, M, N, K);
+      const auto Br = rows_of(B.data(), ldb, N), Btr = rows_of(Bt.data(), N, K);
+      gemm_nt(A.data(), lda, Br.data(), C.data(), ldc, M, N, K);
+      gemm_nn(A.data(), lda, Btr.data(), ref.data(), ldc, M, N, K);
       ASSERT_EQ(std::memcmp(C.data(), ref.data(), C.size() * sizeof(float)), 0) << isa_name(isa) << " " << M << "x" << N << "x" << K;
       for (int64_t m = 0; m < M; ++m) {
         for (int64_t n = 0; n < N; ++n) {
@@ -100,4 +109,38 @@ TEST(GemmNT, IsGemmNNOnTheTransposeOnEveryIsa) {
     }
     clear_isa_override();
   }
+}
+
+// B's rows are read where they lie (attention's keys: scattered over the window, the ring and
+// the decoded entries): rows given in any order, anywhere in memory, give exactly the bits of
+// the same rows gathered into one contiguous matrix, for both products and every ISA.
+TEST(GemmRows, ScatteredRowsEqualTheGatheredCopy) {
+  std::mt19937 g(7);
+  const int64_t M = 19, K = 70, N = 45, pool_rows = 300;
+  const auto A = rnd(g, static_cast<size_t>(M * K)), pool = rnd(g, static_cast<size_t>(pool_rows * 64));
+  // Rows picked at random from a larger pool (repeats allowed, as a key in both the window and
+  // the entries would be), each at its own offset within its 64-float slot.
+  auto pick = [&](int64_t n, int64_t len) {
+    std::uniform_int_distribution<int64_t> r(0, pool_rows - 1), off(0, 64 - len);
+    std::vector<const float*> p(static_cast<size_t>(n));
+    for (auto& x : p) x = pool.data() + r(g) * 64 + off(g);
+    return p;
+  };
+  const auto nn_rows = pick(K, N), nt_rows = pick(N, 60);
+  std::vector<float> nn_copy, nt_copy;
+  for (const float* r : nn_rows) nn_copy.insert(nn_copy.end(), r, r + N);
+  for (const float* r : nt_rows) nt_copy.insert(nt_copy.end(), r, r + 60);
+  for (Isa isa : {Isa::Scalar, Isa::AVX2, Isa::AVX512}) {
+    if (!isa_supported(isa)) continue;
+    set_isa_override(isa);
+    std::vector<float> a(static_cast<size_t>(M * N)), b(a.size());
+    gemm_nn(A.data(), K, nn_rows.data(), a.data(), N, M, N, K);
+    gemm_nn(A.data(), K, rows_of(nn_copy.data(), N, K).data(), b.data(), N, M, N, K);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << isa_name(isa) << " gemm_nn";
+    std::vector<float> c(static_cast<size_t>(M * N)), e(c.size());
+    gemm_nt(A.data(), K, nt_rows.data(), c.data(), N, M, N, 60);
+    gemm_nt(A.data(), K, rows_of(nt_copy.data(), 60, N).data(), e.data(), N, M, N, 60);
+    EXPECT_EQ(std::memcmp(c.data(), e.data(), c.size() * sizeof(float)), 0) << isa_name(isa) << " gemm_nt";
+  }
+  clear_isa_override();
 }

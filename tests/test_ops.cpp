@@ -876,12 +876,15 @@ TEST(Attention, ManyHeadsEachWithItsSink) {
   attend_heads(Q.data(), H, K.data(), n, d, sinks.data(), scale, out.data());
   for (int64_t h = 0; h < H; ++h)
     EXPECT_TRUE(close_all(out.data() + h * d, ref_attend(Q.data() + h * d, keys, d, sinks[h], scale), 1e-5, 1e-6)) << "head " << h;
-  // attend_scores on the calling thread (the prefill runs queries in parallel) = on the pool.
+  // attend_scores on the calling thread (the prefill runs queries in parallel) = on the pool;
+  // the keys through row pointers to where they lie (the keys vectors, not K).
+  std::vector<const float*> kr;
+  for (const auto& k : keys) kr.push_back(k.data());
   std::vector<float> p(static_cast<size_t>(H * n)), p2, pooled(out.size()), local(out.size());
-  query_key_scores(Q.data(), H, K.data(), n, d, p.data());  // p[h * n + j] = q_h . K_j
+  query_key_scores(Q.data(), H, kr.data(), n, d, p.data());  // p[h * n + j] = q_h . K_j
   p2 = p;
-  attend_scores(p.data(), H, K.data(), n, d, sinks.data(), scale, pooled.data(), RunOn::Pool);
-  attend_scores(p2.data(), H, K.data(), n, d, sinks.data(), scale, local.data(), RunOn::Caller);
+  attend_scores(p.data(), H, kr.data(), n, d, sinks.data(), scale, pooled.data(), RunOn::Pool);
+  attend_scores(p2.data(), H, kr.data(), n, d, sinks.data(), scale, local.data(), RunOn::Caller);
   EXPECT_EQ(std::memcmp(pooled.data(), local.data(), sizeof(float) * pooled.size()), 0);
   EXPECT_EQ(std::memcmp(pooled.data(), out.data(), sizeof(float) * pooled.size()), 0);  // = attend_heads
   // A query's scores from a larger product (the heads among other rows, the keys among others,
@@ -891,8 +894,10 @@ TEST(Attention, ManyHeadsEachWithItsSink) {
   K2.insert(K2.end(), K.begin(), K.end());
   const int64_t nq2 = 3 + H, n2 = 40 + n;
   std::vector<float> big(static_cast<size_t>(nq2 * n2)), mine(static_cast<size_t>(H * n));
-  query_key_scores(Q2.data(), nq2, K2.data(), n2, d, big.data());
-  query_key_scores(Q.data(), H, K.data(), n, d, mine.data());
+  std::vector<const float*> k2r;
+  for (int64_t j = 0; j < n2; ++j) k2r.push_back(K2.data() + j * d);
+  query_key_scores(Q2.data(), nq2, k2r.data(), n2, d, big.data());
+  query_key_scores(Q.data(), H, kr.data(), n, d, mine.data());
   for (int64_t h = 0; h < H; ++h)
     EXPECT_EQ(std::memcmp(big.data() + (3 + h) * n2 + 40, mine.data() + h * n, sizeof(float) * n), 0) << "head " << h;
 }

@@ -17,13 +17,15 @@ void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t 
     return;
   }
   std::vector<float> p(static_cast<size_t>(H * n));
-  query_key_scores(Q, H, K, n, d, p.data());  // p[h, j] = q_h . K_j
+  std::vector<const float*> rows(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) rows[j] = K + j * d;
+  query_key_scores(Q, H, rows.data(), n, d, p.data());  // p[h, j] = q_h . K_j
   count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));
-  attend_scores(p.data(), H, K, n, d, sink, scale, out);
+  attend_scores(p.data(), H, rows.data(), n, d, sink, scale, out);
 }
 
-void attend_scores(float* p, int64_t H, const float* K, int64_t n, int64_t d, const float* sink, float scale, float* out,
-                   RunOn where) {
+void attend_scores(float* p, int64_t H, const float* const* K, int64_t n, int64_t d, const float* sink, float scale,
+                   float* out, RunOn where) {
   if (n == 0) {
     std::fill(out, out + H * d, 0.0f);
     return;
@@ -41,17 +43,17 @@ void attend_scores(float* p, int64_t H, const float* K, int64_t n, int64_t d, co
   };
   if (where == RunOn::Pool) {
     thread_pool().parallel_for(H, softmax);
-    gemm_nn(p, n, K, d, out, d, H, d, n);
+    gemm_nn(p, n, K, out, d, H, d, n);
   } else {
     softmax(0, H);
-    gemm_nn_local(p, n, K, d, out, d, H, d, n);
+    gemm_nn_local(p, n, K, out, d, H, d, n);
   }
   count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));  // the weighted sum
 }
 
-void query_key_scores(const float* Q, int64_t nq, const float* K, int64_t n, int64_t d, float* S) {
+void query_key_scores(const float* Q, int64_t nq, const float* const* K, int64_t n, int64_t d, float* S) {
   if (nq == 0 || n == 0) return;
-  gemm_nt(Q, d, K, d, S, n, nq, n, d);
+  gemm_nt(Q, d, K, S, n, nq, n, d);
 }
 
 void indexer_select(const float* q, const float* w, int64_t nq, const int64_t* vis, const Fp4Keys& keys, int64_t heads,

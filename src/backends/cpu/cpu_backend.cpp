@@ -350,7 +350,10 @@ void CpuBackend::attend(Step&, const Attend& a) {
   // Per-query scoring is taken when the union's product has at least this many times more dots
   // (its products are smaller: bench/attention_bench, docs/perf.md "Session 35").
   constexpr int64_t kOwnScoresCost = 2;
-  std::vector<float> uk, sc, p, keys;
+  // The union's keys are read where they lie (the chunk, the ring, the decoded entries) through
+  // row pointers; only entries not decoded up front are decoded, into dec.
+  std::vector<float> sc, p, dec;
+  std::vector<const float*> ur, rows;
   std::vector<std::vector<int32_t>> top;
   std::vector<int32_t> uni, slot(static_cast<size_t>(std::max<int64_t>(n_entries, 1)), -1);
   const float* ent_src = all_entries ? ent.data() : nullptr;
@@ -361,18 +364,16 @@ void CpuBackend::attend(Step&, const Attend& a) {
     block_entries(a, L, qs.t0 + t0, pos0, B, top, uni);
     // The union's keys: the block's window positions, then its entries.
     const int64_t nu = nwin + static_cast<int64_t>(uni.size());
-    uk.resize(static_cast<size_t>(nu * d));
-    float* kp = uk.data();
-    for (int64_t j = first0; j <= last; ++j, kp += d) {
-      const float* src = j >= p0 ? kv + (j - p0) * d : ring.data() + (j % ls.ring) * d;
-      std::copy(src, src + d, kp);
-    }
-    for (size_t u = 0; u < uni.size(); ++u, kp += d) {
+    ur.resize(static_cast<size_t>(nu));
+    for (int64_t j = first0; j <= last; ++j) ur[j - first0] = j >= p0 ? kv + (j - p0) * d : ring.data() + (j % ls.ring) * d;
+    if (ent_src == nullptr) dec.resize(uni.size() * static_cast<size_t>(d));
+    for (size_t u = 0; u < uni.size(); ++u) {
       slot[uni[u]] = static_cast<int32_t>(nwin + static_cast<int64_t>(u));
       if (ent_src != nullptr) {
-        std::copy(ent_src + uni[u] * d, ent_src + (uni[u] + 1) * d, kp);
+        ur[nwin + u] = ent_src + uni[u] * d;
       } else {
-        ls.kv.decode(ls.entries.row(uni[u]), kp);
+        ls.kv.decode(ls.entries.row(uni[u]), dec.data() + u * d);
+        ur[nwin + u] = dec.data() + u * d;
       }
     }
     // Scoring the block's queries against the union of their keys costs B x nu dots; each query
@@ -385,41 +386,40 @@ void CpuBackend::attend(Step&, const Attend& a) {
     if (!per_query) {
       // sc[(b*H + h) * nu + u] = q_{b,h} . key_u
       sc.resize(static_cast<size_t>(nu * BH));
-      query_key_scores(qv + t0 * H * d, BH, uk.data(), nu, d, sc.data());
+      query_key_scores(qv + t0 * H * d, BH, ur.data(), nu, d, sc.data());
     }
-    // Each query's softmax and weighted sum over its own keys in its own order. A block of one
-    // (decode) uses the union as its keys and spreads its heads over the pool; a larger block
-    // runs whole queries in parallel, each gathering its keys on its thread (the gathers and
-    // the many small products were serial, or one pool job each). Same bits either way.
+    // Each query's softmax and weighted sum over its own keys in its own order (row pointers into
+    // the union's; the keys themselves are not copied). A block of one (decode) spreads its heads
+    // over the pool; a larger block runs whole queries in parallel, each on its thread (the many
+    // small products were serial, or one pool job each). Same bits either way.
     // Per query, its scores are either taken from the block's product or (per_query: the
-    // query on the pool, one at a time) computed over its gathered keys.
-    auto attend_query = [&](int64_t b, RunOn where, std::vector<float>& pb, std::vector<float>& kb) {
+    // query on the pool, one at a time) computed over its own keys.
+    auto attend_query = [&](int64_t b, RunOn where, std::vector<float>& pb, std::vector<const float*>& kr) {
       const int64_t pos = pos0 + b, first = std::max<int64_t>(0, pos - W + 1);
       const int64_t n = pos - first + 1 + static_cast<int64_t>(top[b].size());
-      const bool own = B == 1;
       pb.resize(static_cast<size_t>(H * n));
-      if (!own) kb.resize(static_cast<size_t>(n * d));
+      kr.resize(static_cast<size_t>(n));
       int64_t j = 0;
       auto take = [&](int64_t u) {
         if (!per_query)
           for (int64_t h = 0; h < H; ++h) pb[h * n + j] = sc[(b * H + h) * nu + u];
-        if (!own) std::copy(uk.data() + u * d, uk.data() + (u + 1) * d, kb.data() + j * d);
-        ++j;
+        kr[j++] = ur[u];
       };
       for (int64_t k = first; k <= pos; ++k) take(k - first0);
       for (int32_t e : top[b]) take(slot[e]);
-      if (per_query) query_key_scores(qv + (t0 + b) * H * d, H, kb.data(), n, d, pb.data());  // pb[h * n + j]
+      if (per_query) query_key_scores(qv + (t0 + b) * H * d, H, kr.data(), n, d, pb.data());  // pb[h * n + j]
       count_matmul_flops(static_cast<uint64_t>(2 * H * n * d));  // this query's scores
-      attend_scores(pb.data(), H, own ? uk.data() : kb.data(), n, d, sink, scale, o + (t0 + b) * H * d, where);
+      attend_scores(pb.data(), H, kr.data(), n, d, sink, scale, o + (t0 + b) * H * d, where);
     };
     if (B == 1) {
-      attend_query(0, RunOn::Pool, p, keys);
+      attend_query(0, RunOn::Pool, p, rows);
     } else if (per_query) {
-      for (int64_t b = 0; b < B; ++b) attend_query(b, RunOn::Pool, p, keys);
+      for (int64_t b = 0; b < B; ++b) attend_query(b, RunOn::Pool, p, rows);
     } else {
       thread_pool().parallel_for(B, [&](int64_t bb, int64_t be) {
-        thread_local std::vector<float> pb, kb;
-        for (int64_t b = bb; b < be; ++b) attend_query(b, RunOn::Caller, pb, kb);
+        thread_local std::vector<float> pb;
+        thread_local std::vector<const float*> kr;
+        for (int64_t b = bb; b < be; ++b) attend_query(b, RunOn::Caller, pb, kr);
       }, static_cast<int>(B));
     }
   }
