@@ -13,9 +13,14 @@
 #   scripts/ab-bench.sh /tmp/qb-old build/qmatmul_bench 6 'MXFP4:4' -- --only gemv --tokens 2 \
 #     --shape 2048x4096 --format MXFP4 --gib 0.5 --reps 3 --no-probe
 # Environment: A_ENV / B_ENV, variables set for A's / B's runs only (e.g. B_ENV="DSV4_ISA=avx2").
+#   PINNED=1: run A and B at the same time, one per core (taskset; cores 0 and 1, swapped every
+#   pair), for single-threaded benchmarks (--threads 1) whose data stay in the core's L2: both
+#   runs then see the same minute of the host (on session 37's Ice Lake VM, the best values of
+#   pinned pairs repeated to 1% for a while when back-to-back runs moved 30%; later in the
+#   same session they too moved 20%: still read the median of several pairs).
 set -euo pipefail
 if [[ $# -lt 5 || "$5" != "--" ]]; then
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 A=$1 B=$2 PAIRS=$3 PICK=$4
@@ -33,11 +38,26 @@ pick() {  # env-assignments binary args... -> the picked figure
   echo "$v"
 }
 
-echo "A = $A${A_ENV:+ ($A_ENV)}, B = $B${B_ENV:+ ($B_ENV)}, $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "A = $A${A_ENV:+ ($A_ENV)}, B = $B${B_ENV:+ ($B_ENV)}$([[ "${PINNED:-0}" == 1 ]] && echo ", pinned side by side"), $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(date -u '+%Y-%m-%d %H:%M UTC')"
 ratios=()
+if [[ "${PINNED:-0}" == 1 ]]; then
+  command -v taskset >/dev/null || { echo "ab-bench: PINNED=1 needs taskset (util-linux)" >&2; exit 2; }
+  [[ $(nproc) -ge 2 ]] || { echo "ab-bench: PINNED=1 needs two cores" >&2; exit 2; }
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+fi
 for ((i = 1; i <= PAIRS; ++i)); do
-  a=$(pick "${A_ENV:-}" "$A" "$@")
-  b=$(pick "${B_ENV:-}" "$B" "$@")
+  if [[ "${PINNED:-0}" == 1 ]]; then
+    ca=$(((i + 1) % 2)) cb=$((i % 2))  # A on core 0 in odd pairs, core 1 in even ones
+    pick "${A_ENV:-}" taskset -c "$ca" "$A" "$@" >"$tmp/a" &
+    pa=$!
+    pick "${B_ENV:-}" taskset -c "$cb" "$B" "$@" >"$tmp/b" || { wait "$pa" || true; exit 1; }
+    wait "$pa" || exit 1
+    a=$(cat "$tmp/a") b=$(cat "$tmp/b")
+  else
+    a=$(pick "${A_ENV:-}" "$A" "$@")
+    b=$(pick "${B_ENV:-}" "$B" "$@")
+  fi
   r=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')
   ratios+=("$r")
   echo "pair $i: A $a  B $b  B/A $r"
