@@ -18,16 +18,17 @@ void attend_heads(const float* Q, int64_t H, const float* K, int64_t n, int64_t 
 // then attend_scores per query); attend_heads is the one-query composition.
 // The same with the scores already computed: p [H, n] holds q_h . K_j (before `scale`) and is
 // overwritten with the attention weights. K here is the keys' rows (K[j]: d floats), read where
-// they lie (a query's keys are scattered over its window and its selected entries). (A query's scores may come from a larger product:
-// each is the same dot, one fma chain over d, whatever the product.)
+// they lie (a query's keys are scattered over its window and its selected entries). (A query's
+// scores may come from a larger product: each is the same dot, one fma chain over d, whatever
+// the product.)
 // RunOn::Caller runs it on the calling thread (for callers already on the pool: the same
 // bits, the pool is not reentrant).
 enum class RunOn { Pool, Caller };
 void attend_scores(float* p, int64_t H, const float* const* K, int64_t n, int64_t d, const float* sink, float scale,
                    float* out, RunOn where = RunOn::Pool);
 
-// S[i * n + j] = Q_i . K_j for nq query rows and n keys (Q [nq, d], K[j] d floats), each one fma chain
-// over d in order (gemm_nt): the same float in any product, so a block of queries scored against
+// S[i * n + j] = Q_i . K_j for nq query rows and n keys (Q [nq, d]; K[j]: d floats), each one
+// fma chain over d in order (gemm_nt): the same float in any product, so a block of queries scored against
 // the union of their keys gives each query attend_heads' scores bit for bit. Runs on the pool.
 // FLOPs are not counted here: a caller counts the scores it uses.
 void query_key_scores(const float* Q, int64_t nq, const float* const* K, int64_t n, int64_t d, float* S);
