@@ -28,8 +28,9 @@ void attend_scores(float* p, int64_t H, const float* const* K, int64_t n, int64_
                    float* out, RunOn where = RunOn::Pool);
 
 // S[i * n + j] = Q_i . K_j for nq query rows and n keys (Q [nq, d]; K[j]: d floats), each one
-// fma chain over d in order (gemm_nt): the same float in any product, so a block of queries scored against
-// the union of their keys gives each query attend_heads' scores bit for bit. Runs on the pool.
+// fma chain over d in order (gemm_nt): the same float in any product, so a block of queries
+// scored against the union of their keys gives each query attend_heads' scores bit for bit.
+// Runs on the pool.
 // FLOPs are not counted here: a caller counts the scores it uses.
 void query_key_scores(const float* Q, int64_t nq, const float* const* K, int64_t n, int64_t d, float* S);
 
