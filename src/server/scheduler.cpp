@@ -446,10 +446,18 @@ int64_t prefill_budget(const SchedulerOptions& o, int64_t decode_tokens) {
 bool Scheduler::step() {
   // Cancelled jobs leave before the step: their sequences (and reservations) are freed now.
   std::erase_if(active_, [](const std::unique_ptr<Active>& a) { return a->job->cancelled(); });
-  // Decided once per step, so a job is drafted for exactly when it is decoded.
+  // Decided once per step, so a job is drafted for exactly when it is decoded. A paused job
+  // resumes once its client has caught up: every queued event taken and no write under way.
+  // (Resuming as soon as a blocked write went through let a stopped reader's job run a step
+  // each time its socket took a few more bytes: TCP opens a receive window in steps even while
+  // the reader sleeps.)
   int64_t paused = 0;
   for (auto& a : active_) {
-    a->paused = a->prefilled && (a->job->blocked_for() >= kPauseBlocked || a->job->backlog() >= kPauseBacklog * a->choices.size());
+    const auto blocked = a->job->blocked_for();
+    const size_t backlog = a->job->backlog();
+    const bool stop = blocked >= kPauseBlocked || backlog >= kPauseBacklog * a->choices.size();
+    const bool caught_up = blocked.count() == 0 && backlog == 0;
+    a->paused = a->prefilled && (stop || (a->paused && !caught_up));
     paused += a->paused;
   }
   paused_ = paused;

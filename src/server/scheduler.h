@@ -119,7 +119,8 @@ struct Event {
 // full: more decoding would only queue), or when kPauseBacklog untaken events per choice wait
 // (a step makes at most one Text event per choice and token; a client that reads keeps its
 // backlog near zero). The first catches a stopped reader within a step or so however slowly the
-// model decodes; the second paces an HTTP thread that falls behind for any reason.
+// model decodes; the second paces an HTTP thread that falls behind for any reason. A paused job
+// resumes when its client has taken every queued event and no write is under way.
 constexpr size_t kPauseBacklog = 32;
 constexpr std::chrono::milliseconds kPauseBlocked{250};
 

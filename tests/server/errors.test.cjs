@@ -207,7 +207,12 @@ test('a stream whose client stops reading is paused, then dropped after --stall-
     }
     assert.strictEqual(running, 0, 'the stalled sequence was freed');
     assert.ok(!sock.destroyed, 'the client was still connected');
-    assert.strictEqual(await metric(s.url, 'dsv4_steps_total'), steps, 'no step ran while it was paused');
+    // Paused, it resumes only once every queued event went out; a sleeping reader's TCP window
+    // still opens in steps as its buffer fills, which can let the last events through and a
+    // step run (CI saw one, before the resume waited for the whole backlog). More than a
+    // couple would mean the pause does not hold: unpaused, the demo model decodes ~40 a second.
+    const after = await metric(s.url, 'dsv4_steps_total');
+    assert.ok(after - steps <= 2, `${after - steps} steps ran while it was paused`);
     assert.strictEqual(await metric(s.url, 'dsv4_kv_reserved_bytes'), 0);
     assert.match(s.log(), /dropped the stream to 127\.0\.0\.1:\d+ \(\/v1\/chat\/completions\): it took no data for 3 s/);
     assert.strictEqual(await metric(s.url, 'dsv4_streams_stalled_total'), 1);
