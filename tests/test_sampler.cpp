@@ -1,8 +1,10 @@
 // Sampling: each filter against its definition, seeded determinism, distribution sanity.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <vector>
 
 #include "core/error.h"
 #include "core/sampling.h"
@@ -142,4 +144,101 @@ TEST(Sampler, RowThenSampleLogitsEqualsSample) {
     }
   EXPECT_FALSE(Sampler({}).penalised());
   EXPECT_TRUE(Sampler({.frequency_penalty = 0.5f}).penalised());
+}
+
+namespace {
+// sample_logits as first written (core/sampling.h's contract): every candidate through
+// std::partial_sort with the comparator, then the same arithmetic.
+int32_t sample_reference(const float* l, int64_t V, const SampleRow& r) {
+  if (r.temperature == 0.0f) return static_cast<int32_t>(std::max_element(l, l + V) - l);
+  std::vector<int32_t> idx(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) idx[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  auto by_logit = [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
+  const int64_t k = sample_candidates(r, V);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
+  idx.resize(static_cast<size_t>(k));
+  std::vector<double> prob(idx.size());
+  const double mx = l[idx[0]];
+  double sum = 0;
+  for (size_t i = 0; i < idx.size(); ++i) sum += (prob[i] = std::exp((l[idx[i]] - mx) / r.temperature));
+  for (double& p : prob) p /= sum;
+  size_t keep = prob.size();
+  if (r.top_p < 1.0f) {
+    double acc = 0;
+    for (size_t i = 0; i < prob.size(); ++i) {
+      acc += prob[i];
+      if (acc >= r.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  if (r.min_p > 0.0f)
+    while (keep > 1 && prob[keep - 1] < r.min_p * prob[0]) --keep;
+  double mass = 0;
+  for (size_t i = 0; i < keep; ++i) mass += prob[i];
+  double u = r.u * mass;
+  for (size_t i = 0; i < keep; ++i) {
+    if (u < prob[i]) return idx[i];
+    u -= prob[i];
+  }
+  return idx[keep - 1];
+}
+
+// Logits with many ties (steps of 1/4), both signed zeros and some -inf: what the order's rules
+// are about.
+std::vector<float> tied_logits(int64_t V, uint32_t seed) {
+  std::vector<float> l(static_cast<size_t>(V));
+  uint32_t s = seed;
+  for (float& x : l) {
+    s = s * 1664525u + 1013904223u;
+    const int q = static_cast<int>(s >> 24) % 41 - 20;
+    x = q == 0 ? ((s >> 8 & 1) ? -0.0f : 0.0f) : q == -20 ? -INFINITY : 0.25f * static_cast<float>(q);
+  }
+  return l;
+}
+}  // namespace
+
+// The candidates' order itself, read out position by position: at a temperature of 1e30 every
+// finite candidate weighs exactly 1, so u = (j + 1/2) / n picks the j-th. Sizes on both sides of
+// the radix sort's threshold (core/sampling.cpp) and the model's vocabulary.
+TEST(SampleLogits, CandidatesInTheComparatorsOrderAtEverySize) {
+  for (int64_t V : {100, 2047, 2048, 2049, 6000, 129280}) {
+    const std::vector<float> l = tied_logits(V, static_cast<uint32_t>(V));
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    for (int64_t i = 0; i < V; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    std::sort(order.begin(), order.end(),
+              [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    for (int64_t top_k : {int64_t{0}, int64_t{2048}, V - 1}) {
+      const int64_t k = sample_candidates({.top_k = top_k}, V);
+      int64_t finite = 0;
+      while (finite < k && std::isfinite(l[order[static_cast<size_t>(finite)]])) ++finite;
+      ASSERT_GT(finite, 0);
+      const int64_t step = std::max<int64_t>(1, finite / 300);
+      for (int64_t j = 0; j < finite; j += (j < 40 || j > finite - 40) ? 1 : step) {
+        const SampleRow r{.u = (static_cast<double>(j) + 0.5) / static_cast<double>(finite), .top_k = top_k, .temperature = 1e30f};
+        ASSERT_EQ(sample_logits(l.data(), V, r), order[static_cast<size_t>(j)]) << "V " << V << ", top_k " << top_k << ", position " << j;
+      }
+    }
+  }
+}
+
+// The whole pick equals the partial_sort definition, over the parameters' ranges.
+TEST(SampleLogits, EqualsThePartialSortDefinition) {
+  int checked = 0;
+  for (int64_t V : {300, 5000, 129280}) {
+    for (uint32_t seed = 1; seed <= (V > 100000 ? 1u : 6u); ++seed) {
+      std::vector<float> l = tied_logits(V, seed * 7919u);
+      for (float& x : l) x *= 1.0f + 0.01f * static_cast<float>(seed);  // other spreads
+      for (int64_t top_k : {int64_t{0}, int64_t{1}, int64_t{40}, int64_t{3000}, V})
+        for (float top_p : {1.0f, 0.9f, 0.3f})
+          for (float min_p : {0.0f, 0.05f}) {
+            const double u = std::fmod(0.1234567 * static_cast<double>(seed + checked), 1.0);
+            const SampleRow r{.u = u, .top_k = top_k, .temperature = 0.5f + 0.25f * static_cast<float>(seed % 4), .top_p = top_p, .min_p = min_p};
+            ASSERT_EQ(sample_logits(l.data(), V, r), sample_reference(l.data(), V, r))
+                << "V " << V << ", seed " << seed << ", top_k " << top_k << ", top_p " << top_p << ", min_p " << min_p;
+            ++checked;
+          }
+    }
+  }
 }

@@ -431,19 +431,19 @@ TEST_F(Responses, LogprobsFollowTheMessageText) {
 TEST(ResponseStore, BoundedByBytesOldestFirst) {
   ResponseStore s(4000);
   const ojson conv = ojson::array({{{"role", "user"}, {"content", std::string(900, 'x')}}});
-  for (int i = 0; i < 10; ++i) s.put("r" + std::to_string(i), {ojson::object(), conv});
+  for (int i = 0; i < 10; ++i) s.put("r" + std::to_string(i), {ojson::object(), conv, ojson()});
   EXPECT_LE(s.bytes(), 4000u);
   EXPECT_FALSE(s.get("r0"));
   EXPECT_TRUE(s.get("r9"));
   // Put again: queued again, so it outlives those put between.
-  s.put("r6", {ojson::object(), conv});
-  for (int i = 10; i < 13; ++i) s.put("r" + std::to_string(i), {ojson::object(), conv});
+  s.put("r6", {ojson::object(), conv, ojson()});
+  for (int i = 10; i < 13; ++i) s.put("r" + std::to_string(i), {ojson::object(), conv, ojson()});
   EXPECT_TRUE(s.get("r6"));
   EXPECT_FALSE(s.get("r7"));
   EXPECT_TRUE(s.erase("r6"));
   EXPECT_FALSE(s.erase("r6"));
   EXPECT_FALSE(s.get("r6"));
-  s.put("big", {ojson::object(), ojson(std::string(5000, 'y'))});  // larger than the budget: not kept
+  s.put("big", {ojson::object(), ojson(std::string(5000, 'y')), ojson()});  // larger than the budget: not kept
   EXPECT_FALSE(s.get("big"));
   EXPECT_TRUE(s.get("r12"));
 }
