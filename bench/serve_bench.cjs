@@ -1,7 +1,9 @@
 // Serving benchmark client: C concurrent streaming chat requests against a running dsv4 serve,
 // for each C given; prints aggregate generated tok/s, TTFT and time per output token (p50 / p99).
 // Usage: node bench/serve_bench.cjs URL CONCURRENCY_LIST GEN_TOKENS PROMPT_WORDS [--json]
-// (scripts/bench-serve.sh starts the server and calls this.)
+// (scripts/bench-serve.sh starts the server and calls this.) DSV4_BENCH_TEMPERATURE: sampled
+// streams at that temperature (seeded per stream) instead of greedy ones.
+const temperature = Number(process.env.DSV4_BENCH_TEMPERATURE || 0);
 const [url, list = '1,2,4,8,16', gen = '32', words = '64'] = process.argv.slice(2);
 const json = process.argv.includes('--json');
 
@@ -14,8 +16,9 @@ function pct(xs, p) {
 async function one(i, c) {
   // Distinct prompts, so the prefix cache does not turn the prefill into a restore.
   const content = `Stream ${c}-${i}-${Date.now()}: ` + 'tell me more '.repeat(Number(words) / 3);
-  const body = { messages: [{ role: 'user', content }], max_tokens: Number(gen), temperature: 0, stream: true,
+  const body = { messages: [{ role: 'user', content }], max_tokens: Number(gen), temperature, stream: true,
     stream_options: { include_usage: true }, thinking: { type: 'disabled' } };
+  if (temperature > 0) body.seed = i + 1;
   const t0 = performance.now();
   const res = await fetch(url + '/v1/chat/completions', { method: 'POST', body: JSON.stringify(body),
     headers: { 'Content-Type': 'application/json' } });

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serving benchmark (issue 13): starts dsv4 serve on MODEL, runs C concurrent greedy streams for
+# Serving benchmark (issue 13): starts dsv4 serve on MODEL, runs C concurrent streams (greedy) for
 # each C in LIST (bench/serve_bench.cjs: aggregate generated tok/s, TTFT, time per output token),
 # then `dsv4 bench --batch LIST` on the same model in the same run for the bytes a batched decode
 # step reads and the streaming-read bandwidth measured now (docs/perf.md "Serving").
@@ -7,7 +7,8 @@
 # MODEL_DIR needs tokenizer.json (make-tiny --preset flash-proxy --tokenizer build/deps/tokenizer).
 # DSV4_SERVE_ARGS: more options for dsv4 serve (e.g. "--step-tokens-decoding 256" to compare
 # scheduling settings); DSV4_BENCH_ENGINE=0 skips the engine-API run (alternating series);
-# DSV4_BIN: the dsv4 binary to run (default build/dsv4; alternating runs of two builds).
+# DSV4_BIN: the dsv4 binary to run (default build/dsv4; alternating runs of two builds);
+# DSV4_BENCH_TEMPERATURE: sampled streams at that temperature instead of greedy ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:?usage: $0 MODEL_DIR [LIST] [GEN] [PROMPT_WORDS]}

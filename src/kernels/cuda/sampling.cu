@@ -21,7 +21,7 @@ __global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int64_t ld
 constexpr int kSampleThreads = 128;
 
 // One block per row, after topk_rows wrote the row's candidates best first (ties to the lower id,
-// the CPU's partial_sort order). The exps are independent, so the block computes them; the sums,
+// the CPU's sample_logits order). The exps are independent, so the block computes them; the sums,
 // which must run in the CPU's order, are one thread's.
 __global__ void __launch_bounds__(kSampleThreads)
     sample_kernel(const float* __restrict__ x, int64_t n, int64_t ld, int K, const SampleRow* __restrict__ params,
