@@ -223,6 +223,26 @@ TEST(SampleLogits, CandidatesInTheComparatorsOrderAtEverySize) {
   }
 }
 
+// NaN logits come last on both paths (as the CUDA kernels' `beats` has it): a top-k of the finite
+// candidates never picks one, and the order before them is the comparator's.
+TEST(SampleLogits, NanCandidatesComeLast) {
+  for (int64_t V : {100, 3000}) {
+    std::vector<float> l = tied_logits(V, 5);
+    for (int64_t i : {int64_t{0}, V / 3, V - 1}) l[static_cast<size_t>(i)] = std::nanf("");
+    std::vector<int32_t> order;
+    for (int64_t i = 0; i < V; ++i)
+      if (!std::isnan(l[static_cast<size_t>(i)])) order.push_back(static_cast<int32_t>(i));
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    int64_t finite = 0;
+    while (finite < static_cast<int64_t>(order.size()) && std::isfinite(l[order[static_cast<size_t>(finite)]])) ++finite;
+    const int64_t top_k = V - 3;  // every candidate but the three NaNs; below or above the radix threshold
+    for (int64_t j = 0; j < finite; ++j) {
+      const SampleRow r{.u = (static_cast<double>(j) + 0.5) / static_cast<double>(finite), .top_k = top_k, .temperature = 1e30f};
+      ASSERT_EQ(sample_logits(l.data(), V, r), order[static_cast<size_t>(j)]) << "V " << V << ", position " << j;
+    }
+  }
+}
+
 // The whole pick equals the partial_sort definition, over the parameters' ranges.
 TEST(SampleLogits, EqualsThePartialSortDefinition) {
   int checked = 0;

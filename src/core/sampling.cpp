@@ -32,7 +32,11 @@ void sort_candidates(const float* l, int64_t V, int64_t k, std::vector<int32_t>&
   idx.resize(static_cast<size_t>(V));
   if (k < kRadixFrom) {
     std::iota(idx.begin(), idx.end(), 0);
-    auto by_logit = [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
+    // The radix sort's key, so that NaN goes last here too (a float comparator is no order with NaN).
+    auto by_logit = [&](int32_t a, int32_t b) {
+      const uint32_t ka = order_key(l[a]), kb = order_key(l[b]);
+      return ka < kb || (ka == kb && a < b);
+    };
     std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
     return;
   }
