@@ -28,9 +28,10 @@ inline uint32_t order_key(float f) {
   return ~up;
 }
 
+// idx = the first k candidates in that order.
 void sort_candidates(const float* l, int64_t V, int64_t k, std::vector<int32_t>& idx) {
-  idx.resize(static_cast<size_t>(V));
   if (k < kRadixFrom) {
+    idx.resize(static_cast<size_t>(V));
     std::iota(idx.begin(), idx.end(), 0);
     // The radix sort's key, so that NaN goes last here too (a float comparator is no order with NaN).
     auto by_logit = [&](int32_t a, int32_t b) {
@@ -38,6 +39,7 @@ void sort_candidates(const float* l, int64_t V, int64_t k, std::vector<int32_t>&
       return ka < kb || (ka == kb && a < b);
     };
     std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
+    idx.resize(static_cast<size_t>(k));
     return;
   }
   // (key << 32 | id): three stable passes of 11 key bits from id order; equal keys keep their
@@ -69,6 +71,7 @@ void sort_candidates(const float* l, int64_t V, int64_t k, std::vector<int32_t>&
     }
     a.swap(b);
   }
+  idx.resize(static_cast<size_t>(k));  // (from k: no vocabulary-sized fill each pick)
   for (int64_t i = 0; i < k; ++i) idx[static_cast<size_t>(i)] = static_cast<int32_t>(a[static_cast<size_t>(i)]);
 }
 
@@ -84,7 +87,6 @@ int32_t sample_logits(const float* l, int64_t V, const SampleRow& r) {
   thread_local std::vector<double> prob;
   const int64_t k = sample_candidates(r, V);
   sort_candidates(l, V, k, idx);
-  idx.resize(static_cast<size_t>(k));
   prob.resize(idx.size());
 
   const double mx = l[idx[0]];

@@ -295,7 +295,7 @@ class Backend {
     DSV4_CHECK(static_cast<int64_t>(s.plan->sample.size()) == n);
     std::vector<float> l(static_cast<size_t>(n * vocab));
     logits(s, n, l.data());
-    // Rows are independent, and a pick over every candidate costs ~3.5 ms at the model's
+    // Rows are independent, and a pick over every candidate costs 3.5-6 ms at the model's
     // vocabulary: a batch's rows are spread over the pool.
     thread_pool().parallel_for(n, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) out[r] = sample_logits(l.data() + r * vocab, vocab, s.plan->sample[static_cast<size_t>(r)]);
