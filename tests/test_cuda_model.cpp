@@ -313,7 +313,7 @@ TEST_F(CudaModel, SparseAttentionMatchesCpu) {
 // ---------------------------------------------------------------- indexer + top-k
 
 // topk_rows is exact: compared with ops.h topk on the same floats, including exact ties (many),
-// +-0, -inf and per-row valid counts.
+// +-0, -inf, NaN of either sign (last, as on the CPU) and per-row valid counts.
 TEST_F(CudaModel, TopKRowsEqualsCpuTopK) {
   std::mt19937 g(6);
   struct Case {
@@ -330,6 +330,7 @@ TEST_F(CudaModel, TopKRowsEqualsCpuTopK) {
         float x = c.ties ? static_cast<float>(static_cast<int>(g() % 7) - 3) : std::uniform_real_distribution<float>(-5, 5)(g);
         if (c.ties && g() % 5 == 0) x = (g() & 1) ? -0.0f : 0.0f;
         if (g() % 97 == 0) x = -std::numeric_limits<float>::infinity();
+        if (g() % 89 == 0) x = std::copysign(std::numeric_limits<float>::quiet_NaN(), (g() & 1) ? -1.0f : 1.0f);
         v[r * ld + i] = x;
       }
     const std::vector<int32_t> n_valid = {static_cast<int32_t>(c.n), static_cast<int32_t>(c.n / 2), 0,

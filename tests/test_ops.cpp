@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <cstdint>
 #include <map>
@@ -443,6 +444,12 @@ TEST(Ops, TopK) {
   EXPECT_TRUE(topk(v.data(), 6, 0).empty());
   const std::vector<float> zeros(9, 0.0f);
   EXPECT_EQ(topk(zeros.data(), 9, 3), (std::vector<int32_t>{0, 1, 2}));
+  // core/rank_key.h's order: -0 ties +0 (lower index first), NaN of either sign after -inf.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> odd = {nan, 1.0f, -nan, -inf, 0.0f, -0.0f, nan, 2.0f};
+  EXPECT_EQ(topk(odd.data(), 8, 8), (std::vector<int32_t>{7, 1, 4, 5, 3, 0, 2, 6}));
+  EXPECT_EQ(topk(odd.data(), 8, 3), (std::vector<int32_t>{7, 1, 4}));
+  EXPECT_EQ(topk(odd.data(), 7, 6), (std::vector<int32_t>{1, 4, 5, 3, 0, 2}));
   std::mt19937 g(5);
   std::uniform_int_distribution<int> d(-5, 5);  // many ties
   for (int rep = 0; rep < 20; ++rep) {

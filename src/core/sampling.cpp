@@ -6,27 +6,18 @@
 #include <numeric>
 #include <vector>
 
+#include "core/rank_key.h"
+
 namespace dsv4 {
 
 namespace {
 
-// Candidates best first: logit descending, ties to the lower id, NaN last (it never beats
-// anything, as in the CUDA kernels' `beats`). A small k takes std::partial_sort (about V
-// comparisons). A large one -- every candidate, when top_k is off, which is the default --
+// Candidates best first in core/rank_key.h's order: logit descending, ties to the lower id,
+// NaN last. A small k takes std::partial_sort (about V comparisons). A large one -- every candidate, when top_k is off, which is the default --
 // takes an LSD radix sort of the logits' bits: partial_sort was a heap sort of the whole
 // vocabulary there, 26 ms a token at V = 129280 (the model's step is ~90 ms). Both give the
 // one order the comparator defines (test_sampler.cpp compares them).
 constexpr int64_t kRadixFrom = 2048;
-
-// Ascending key of the order above: -0 is +0 (they compare equal), NaN after -inf.
-inline uint32_t order_key(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  if (f != f) return 0xFFFFFFFFu;
-  if (b == 0x80000000u) b = 0;
-  const uint32_t up = (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // increasing with f
-  return ~up;
-}
 
 // idx = the first k candidates in that order.
 void sort_candidates(const float* l, int64_t V, int64_t k, std::vector<int32_t>& idx) {
@@ -35,7 +26,7 @@ void sort_candidates(const float* l, int64_t V, int64_t k, std::vector<int32_t>&
     std::iota(idx.begin(), idx.end(), 0);
     // The radix sort's key, so that NaN goes last here too (a float comparator is no order with NaN).
     auto by_logit = [&](int32_t a, int32_t b) {
-      const uint32_t ka = order_key(l[a]), kb = order_key(l[b]);
+      const uint32_t ka = rank_key(l[a]), kb = rank_key(l[b]);
       return ka < kb || (ka == kb && a < b);
     };
     std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), by_logit);
@@ -52,7 +43,7 @@ void sort_candidates(const float* l, int64_t V, int64_t k, std::vector<int32_t>&
   count.assign(kPasses * kBuckets, 0);
   auto digit = [](uint64_t e, int d) { return static_cast<uint32_t>(e >> (32 + kBits * d)) & (kBuckets - 1); };
   for (int64_t i = 0; i < V; ++i) {
-    const uint64_t e = static_cast<uint64_t>(order_key(l[i])) << 32 | static_cast<uint32_t>(i);
+    const uint64_t e = static_cast<uint64_t>(rank_key(l[i])) << 32 | static_cast<uint32_t>(i);
     a[static_cast<size_t>(i)] = e;
     for (int d = 0; d < kPasses; ++d) ++count[d * kBuckets + digit(e, d)];
   }

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <string>
 
+#include "core/rank_key.h"
 #include "core/threads.h"
 #include "kernels/cpu/qmatmul.h"
 
@@ -146,7 +147,8 @@ std::vector<int32_t> topk(const float* v, int64_t n, int64_t k) {
   std::iota(idx.begin(), idx.end(), 0);
   k = std::min(k, n);
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-    return v[a] > v[b] || (v[a] == v[b] && a < b);
+    const uint32_t ka = rank_key(v[a]), kb = rank_key(v[b]);
+    return ka < kb || (ka == kb && a < b);
   });
   idx.resize(static_cast<size_t>(k));
   return idx;

@@ -79,7 +79,8 @@ float silu(float x);
 float softplus(float x);
 float sigmoid(float x);
 
-// Indices of the k largest values (ties to the lower index), in descending value order.
+// Indices of the k largest values in descending order: core/rank_key.h's order (ties to the
+// lower index, -0 = +0, NaN last).
 std::vector<int32_t> topk(const float* v, int64_t n, int64_t k);
 
 }  // namespace dsv4
