@@ -2,8 +2,10 @@
 // for each C given; prints aggregate generated tok/s, TTFT and time per output token (p50 / p99).
 // Usage: node bench/serve_bench.cjs URL CONCURRENCY_LIST GEN_TOKENS PROMPT_WORDS [--json]
 // (scripts/bench-serve.sh starts the server and calls this.) DSV4_BENCH_TEMPERATURE: sampled
-// streams at that temperature (seeded per stream) instead of greedy ones.
+// streams at that temperature (seeded per stream) instead of greedy ones. DSV4_BENCH_BODY: a JSON
+// object merged into every request (e.g. '{"presence_penalty": 0.5}': picks on the host).
 const temperature = Number(process.env.DSV4_BENCH_TEMPERATURE || 0);
+const extra = JSON.parse(process.env.DSV4_BENCH_BODY || '{}');
 const [url, list = '1,2,4,8,16', gen = '32', words = '64'] = process.argv.slice(2);
 const json = process.argv.includes('--json');
 
@@ -19,6 +21,7 @@ async function one(i, c) {
   const body = { messages: [{ role: 'user', content }], max_tokens: Number(gen), temperature, stream: true,
     stream_options: { include_usage: true }, thinking: { type: 'disabled' } };
   if (temperature > 0) body.seed = i + 1;
+  Object.assign(body, extra);
   const t0 = performance.now();
   const res = await fetch(url + '/v1/chat/completions', { method: 'POST', body: JSON.stringify(body),
     headers: { 'Content-Type': 'application/json' } });

@@ -8,7 +8,9 @@
 # DSV4_SERVE_ARGS: more options for dsv4 serve (e.g. "--step-tokens-decoding 256" to compare
 # scheduling settings); DSV4_BENCH_ENGINE=0 skips the engine-API run (alternating series);
 # DSV4_BIN: the dsv4 binary to run (default build/dsv4; alternating runs of two builds);
-# DSV4_BENCH_TEMPERATURE: sampled streams at that temperature instead of greedy ones.
+# DSV4_BENCH_TEMPERATURE: sampled streams at that temperature instead of greedy ones;
+# DSV4_BENCH_BODY: a JSON object merged into every request (e.g. '{"presence_penalty": 0.5}').
+# (bench/serve_bench.cjs reads both.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:?usage: $0 MODEL_DIR [LIST] [GEN] [PROMPT_WORDS]}

@@ -1,13 +1,15 @@
-// The scheduler's per-step prompt budget (docs/server.md, Scheduling) and its pausing of a job
-// whose client does not take its output.
+// The scheduler's per-step prompt budget (docs/server.md, Scheduling), its pausing of a job
+// whose client does not take its output, and its host-side picks of several rows at once.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "server/scheduler.h"
 #include "test_util.h"
+#include "text/json_grammar.h"
 
 using namespace dsv4;
 using namespace dsv4::server;
@@ -193,4 +195,78 @@ TEST_F(SchedulerFirstCall, TheAnswerEndsAfterTheFirstCall) {
   const Answer inside = run(1018, true, "<｜DSML｜parameter name=\"x\" string=\"true\">");
   EXPECT_EQ(inside.text, ">\n>\n>\n>\n>\n>\n");
   EXPECT_EQ(inside.finish, "length");
+}
+
+// Rows picked on the host (penalties, a logit bias, log-probabilities, a JSON constraint): when a
+// step has several, Scheduler::step picks them on the thread pool, then emits them in order.
+// Jobs running together must get, choice for choice, the tokens, log-probabilities and finish
+// each gets alone.
+class SchedulerHostPicks : public SchedulerOnTinyModel {
+ protected:
+  struct Answer {
+    std::map<int, std::vector<int32_t>> ids;
+    std::map<int, std::vector<float>> logprobs;
+    std::map<int, std::vector<std::vector<std::pair<int32_t, float>>>> top;
+    std::map<int, std::string> finish;
+    bool operator==(const Answer&) const = default;
+  };
+  static Answer drain(Job& job) {
+    Answer a;
+    Event e;
+    while (job.next(e, std::chrono::seconds(60)) && e.kind != Event::Done) {
+      EXPECT_NE(e.kind, Event::Failed) << e.error.what();
+      if (e.kind == Event::Text) {
+        a.ids[e.choice].insert(a.ids[e.choice].end(), e.ids.begin(), e.ids.end());
+        a.logprobs[e.choice].insert(a.logprobs[e.choice].end(), e.logprobs.begin(), e.logprobs.end());
+        for (const auto& t : e.top) {
+          a.top[e.choice].emplace_back();
+          for (const TopLogprob& x : t) a.top[e.choice].back().push_back({x.id, x.logprob});
+        }
+      }
+      if (e.kind == Event::Finish) a.finish[e.choice] = e.finish_reason;
+    }
+    return a;
+  }
+  static std::vector<GenParams> params() {
+    std::vector<GenParams> ps;
+    for (int k = 0; k < 6; ++k) {
+      GenParams p;
+      p.prompt = {5, 17, 99, 3, 42, 100 + k};
+      p.max_tokens = 20;
+      p.sampling.temperature = 1.0f;
+      p.sampling.seed = 11 + static_cast<uint64_t>(k);
+      if (k == 0) p.sampling.presence_penalty = 1.5f, p.sampling.frequency_penalty = 0.5f;
+      if (k == 1) p.logit_bias = {{72, 3.0f}, {1018, 2.0f}};
+      if (k == 2) p.top_logprobs = 3;
+      if (k == 3) p.json = JsonGrammar::any_object();
+      if (k == 4) p.sampling.repetition_penalty = 1.3f, p.n = 3;  // three choices, one prefill
+      if (k == 5) p.top_logprobs = 0, p.logit_bias = {{5, -100.0f}};
+      ps.push_back(p);
+    }
+    return ps;
+  }
+};
+
+TEST_F(SchedulerHostPicks, JobsTogetherEqualEachAlone) {
+  const std::vector<GenParams> ps = params();
+  std::vector<Answer> alone;
+  for (const GenParams& p : ps) {
+    auto job = std::make_shared<Job>(p);
+    sched_->submit(job);
+    alone.push_back(drain(*job));
+    ASSERT_EQ(alone.back().finish.size(), static_cast<size_t>(p.n));
+  }
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (const GenParams& p : ps) jobs.push_back(std::make_shared<Job>(p));
+  for (auto& j : jobs) sched_->submit(j);
+  std::vector<Answer> together(jobs.size());
+  std::vector<std::thread> readers;
+  for (size_t i = 0; i < jobs.size(); ++i) readers.emplace_back([&, i] { together[i] = drain(*jobs[i]); });
+  for (auto& t : readers) t.join();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_EQ(together[i], alone[i]) << "job " << i;
+    EXPECT_FALSE(alone[i].ids.empty()) << "job " << i;
+  }
+  EXPECT_EQ(alone[2].top.at(0).size(), alone[2].ids.at(0).size());
+  EXPECT_EQ(alone[2].top.at(0).at(0).size(), 3u);
 }

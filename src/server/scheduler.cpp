@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
+#include "core/threads.h"
 #include "engine/generate.h"
 #include "engine/stop_filter.h"
 #include "text/completion_stream.h"
@@ -271,18 +273,30 @@ std::shared_ptr<const JsonVocab> Scheduler::json_vocab(const GenParams& p) {
 
 // Choice c's next token from its logits. With a logit bias or a JSON constraint the pick is from
 // the adjusted logits (the log-probabilities stay the model's), and pushed into the constraint.
-// -1 when the constraint fails its own invariants: the job is then failed.
-int32_t Scheduler::pick(Active& a, Choice& c, const float* logits) {
+// Reads and changes choice c's state only (its sampler, constraint and history), so the picks of
+// different choices may run at once. Throws dsv4::Error when the constraint fails its own
+// invariants.
+int32_t Scheduler::pick_id(const Active& a, Choice& c, const float* logits) const {
   const int64_t V = engine_.info().vocab;
   const auto& bias = a.job->params.logit_bias;
   if (!c.json && bias.empty()) return c.sampler.sample(logits, V, c.generated);
+  thread_local std::vector<float> masked;  // the adjusted logits, V floats per picking thread
+  return adjusted_pick(c.sampler, logits, V, c.generated, bias, c.json ? &*c.json : nullptr, masked);
+}
+
+// pick_id, or -1 with the job failed.
+int32_t Scheduler::pick(Active& a, Choice& c, const float* logits) {
   try {
-    return adjusted_pick(c.sampler, logits, V, c.generated, bias, c.json ? &*c.json : nullptr, masked_);
+    return pick_id(a, c, logits);
   } catch (const Error& e) {
-    a.gone = true;
-    a.job->push(Event::failed(Error(e.what(), ErrorKind::Internal)));
+    fail_pick(a, e);
     return -1;
   }
+}
+
+void Scheduler::fail_pick(Active& a, const Error& e) {
+  a.gone = true;
+  a.job->push(Event::failed(Error(e.what(), ErrorKind::Internal)));
 }
 
 // Samples choice c's next token from its logits and sends what it releases.
@@ -541,6 +555,30 @@ bool Scheduler::step() {
   }
   metrics_.step(static_cast<int64_t>(reqs.size()), prefill, std::chrono::duration<double>(Clock::now() - t0).count());
 
+  // The decoding rows picked on the host (penalties, a logit bias, a JSON constraint or
+  // log-probabilities asked; no drafts): 3.5-6 ms a row over V = 129,280 (docs/perf.md "Session
+  // 38"), one after another they added up. Each pick reads and changes only its own choice, so
+  // the rows are picked on the pool first, then emitted in slot order as before: the same
+  // tokens and events as picking them one at a time.
+  std::vector<size_t> host;
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (slots[i].a->prefilled && !slots[i].prefill_end && slots[i].c->drafts.empty() && !reqs[i].sampler) host.push_back(i);
+  std::vector<int32_t> picked(slots.size(), -1);
+  std::vector<std::optional<Error>> pick_error(slots.size());
+  if (host.size() > 1)
+    thread_pool().parallel_for(static_cast<int64_t>(host.size()), [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j) {
+        const size_t i = host[static_cast<size_t>(j)];
+        try {
+          picked[i] = pick_id(*slots[i].a, *slots[i].c, out[i].logits.data());
+        } catch (const Error& x) {
+          pick_error[i] = x;
+        }
+      }
+    });
+  else
+    host.clear();  // one row: picked in the loop below
+
   for (size_t i = 0; i < slots.size(); ++i) {
     Active& a = *slots[i].a;
     if (a.gone) continue;
@@ -573,6 +611,12 @@ bool Scheduler::step() {
       verify(a, *slots[i].c, out[i].logits);
     } else if (reqs[i].sampler) {
       emit_id(a, *slots[i].c, out[i].ids.at(0), nullptr);
+    } else if (!host.empty() && std::binary_search(host.begin(), host.end(), i)) {
+      if (pick_error[i]) {
+        fail_pick(a, *pick_error[i]);
+      } else {
+        emit_id(a, *slots[i].c, picked[i], out[i].logits.data());
+      }
     } else {
       emit(a, *slots[i].c, out[i].logits.data());
     }

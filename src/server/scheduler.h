@@ -208,7 +208,9 @@ class Scheduler {
   bool first_call_ended(Choice& c);
   void retire(Active& a);
   bool picks_in_step(const Active& a, const Choice& c) const;
+  int32_t pick_id(const Active& a, Choice& c, const float* logits) const;
   int32_t pick(Active& a, Choice& c, const float* logits);
+  void fail_pick(Active& a, const Error& e);
   void emit(Active& a, Choice& c, const float* logits);
   void emit_id(Active& a, Choice& c, int32_t id, const float* logits);
   int64_t drafts_for(const Active& a, const Choice& c) const;
@@ -229,7 +231,6 @@ class Scheduler {
   std::atomic<int> live_choices_{0};  // batch places taken (choices, forks to come included)
   void update_stats();
   std::shared_ptr<const JsonVocab> json_vocab_;  // built at the first JSON-constrained job
-  std::vector<float> masked_;                    // a constrained choice's logits, masked
   bool stop_ = false;
   std::thread thread_;
 };
