@@ -71,7 +71,11 @@ test('chat mode has no reasoning; stop strings cut the text', async () => {
 });
 
 test('8 concurrent requests each equal the same request alone', async () => {
-  const reqs = Array.from({ length: 8 }, (_, i) => chat(`Question number ${i}: ${'why '.repeat(i)}?`, { seed: 100 + i }));
+  // Some pick on the host (a penalty, log-probabilities, a bias): a step picks those rows on the
+  // thread pool together.
+  const host = [{}, { presence_penalty: 0.6 }, { frequency_penalty: 0.4 }, { logprobs: true, top_logprobs: 2 }];
+  const reqs = Array.from({ length: 8 }, (_, i) => chat(`Question number ${i}: ${'why '.repeat(i)}?`,
+    { seed: 100 + i, ...host[i % 4], ...(i === 4 ? { logit_bias: { 72: 2 } } : {}) }));
   const alone = [];
   for (const r of reqs) alone.push(await client.chat.completions.create(r));
   const before = await metric(srv.url, 'dsv4_steps_total');
