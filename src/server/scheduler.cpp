@@ -560,12 +560,15 @@ bool Scheduler::step() {
   // 38"), one after another they added up. Each pick reads and changes only its own choice, so
   // the rows are picked on the pool first, then emitted in slot order as before: the same
   // tokens and events as picking them one at a time.
+  // A single such row is picked in the loop below.
   std::vector<size_t> host;
   for (size_t i = 0; i < slots.size(); ++i)
     if (slots[i].a->prefilled && !slots[i].prefill_end && slots[i].c->drafts.empty() && !reqs[i].sampler) host.push_back(i);
+  std::vector<char> pooled(slots.size(), 0);
   std::vector<int32_t> picked(slots.size(), -1);
   std::vector<std::optional<Error>> pick_error(slots.size());
-  if (host.size() > 1)
+  if (host.size() > 1) {
+    for (size_t i : host) pooled[i] = 1;
     thread_pool().parallel_for(static_cast<int64_t>(host.size()), [&](int64_t b, int64_t e) {
       for (int64_t j = b; j < e; ++j) {
         const size_t i = host[static_cast<size_t>(j)];
@@ -576,8 +579,7 @@ bool Scheduler::step() {
         }
       }
     });
-  else
-    host.clear();  // one row: picked in the loop below
+  }
 
   for (size_t i = 0; i < slots.size(); ++i) {
     Active& a = *slots[i].a;
@@ -611,7 +613,7 @@ bool Scheduler::step() {
       verify(a, *slots[i].c, out[i].logits);
     } else if (reqs[i].sampler) {
       emit_id(a, *slots[i].c, out[i].ids.at(0), nullptr);
-    } else if (!host.empty() && std::binary_search(host.begin(), host.end(), i)) {
+    } else if (pooled[i]) {
       if (pick_error[i]) {
         fail_pick(a, *pick_error[i]);
       } else {

@@ -158,7 +158,8 @@ constexpr int kTopkThreads = 1024;
 constexpr int kTopkMaxK = 4096;
 
 // Order-preserving map float -> uint32 (larger float, larger key); -0 counts as +0 and NaN is
-// below -inf: core/rank_key.h's order, reversed.
+// below -inf: core/rank_key.h's order, reversed (a device twin of rank_key; the two are compared
+// in CudaModel.TopKRowsEqualsCpuTopK).
 __device__ __forceinline__ uint32_t order_key(float v) {
   if (isnan(v)) return 0u;
   const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
