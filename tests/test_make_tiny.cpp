@@ -14,6 +14,8 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/formats.h"
 #include "core/weight.h"

@@ -6,6 +6,8 @@
 #include <sstream>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 
 namespace dsv4 {

@@ -86,6 +86,12 @@ struct TopLogprob {
   int32_t id;
   float logprob;
 };
+// A sampled token's log-probability and the top alternatives' (the scheduler's, per token).
+struct TokenLogprobs {
+  float logprob = 0;
+  std::vector<TopLogprob> top;
+};
+TokenLogprobs token_logprobs(const float* logits, int64_t V, int32_t id, int64_t top);
 
 // One event of a job, in order. A choice's Text events end with one Finish; Done ends the job.
 struct Event {
@@ -212,7 +218,7 @@ class Scheduler {
   int32_t pick(Active& a, Choice& c, const float* logits);
   void fail_pick(Active& a, const Error& e);
   void emit(Active& a, Choice& c, const float* logits);
-  void emit_id(Active& a, Choice& c, int32_t id, const float* logits);
+  void emit_id(Active& a, Choice& c, int32_t id, const float* logits, TokenLogprobs* lp = nullptr);
   int64_t drafts_for(const Active& a, const Choice& c) const;
   void verify(Active& a, Choice& c, const std::vector<float>& logits);
   std::shared_ptr<const JsonVocab> json_vocab(const GenParams& p);  // null unless p.json

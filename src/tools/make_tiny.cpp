@@ -14,6 +14,8 @@
 #include <numbers>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/formats.h"
 #include "core/rng.h"
