@@ -15,6 +15,40 @@ using namespace dsv4;
 using namespace dsv4::server;
 using namespace dsv4::testing;
 
+// token_logprobs' top list against a full sort in the one top-k order (value descending, ties to
+// the lower id, -0 == +0, NaN last), on logits with many ties, signed zeros and NaN; and the
+// sampled token's log-probability against a plain logsumexp.
+TEST(TokenLogprobs, TopEqualsAFullSortAndLogprobIsLogSoftmax) {
+  const int64_t V = 5000;
+  std::vector<float> l(static_cast<size_t>(V));
+  uint64_t st = 12345;
+  for (auto& x : l) {
+    st = st * 6364136223846793005ull + 1442695040888963407ull;
+    x = static_cast<float>(static_cast<int>((st >> 33) % 64) - 40) * 0.25f;  // few values: ties
+  }
+  l[7] = -0.0f, l[8] = 0.0f, l[9] = std::nanf(""), l[4999] = 11.75f, l[3] = 11.75f;
+  for (int64_t top : {1, 5, 20}) {
+    const TokenLogprobs r = token_logprobs(l.data(), V, 42, top);
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    for (int32_t v = 0; v < V; ++v) idx[static_cast<size_t>(v)] = v;
+    std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+      const float x = l[static_cast<size_t>(a)], y = l[static_cast<size_t>(b)];
+      return !std::isnan(x) && (std::isnan(y) || x > y);
+    });
+    ASSERT_EQ(r.top.size(), static_cast<size_t>(top));
+    for (int64_t i = 0; i < top; ++i) EXPECT_EQ(r.top[static_cast<size_t>(i)].id, idx[static_cast<size_t>(i)]) << "top " << top << " rank " << i;
+    EXPECT_EQ(r.top[0].id, 3);  // 11.75 at ids 3 and 4999: the lower id first
+  }
+  std::vector<float> f(l.begin(), l.end());
+  f[9] = 0.0f;  // no NaN: a finite logsumexp
+  double mx = -INFINITY, sum = 0;
+  for (float x : f) mx = std::max<double>(mx, x);
+  for (float x : f) sum += std::exp(x - mx);
+  const TokenLogprobs r = token_logprobs(f.data(), V, 42, 0);
+  EXPECT_EQ(r.logprob, static_cast<float>(f[42] - (mx + std::log(sum))));
+  EXPECT_TRUE(r.top.empty());
+}
+
 TEST(SchedulerBudget, SmallerWhileDecoding) {
   SchedulerOptions o;
   o.step_tokens = 256;

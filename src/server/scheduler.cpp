@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 
+#include "core/rank_key.h"
 #include "core/threads.h"
 #include "engine/generate.h"
 #include "engine/stop_filter.h"
@@ -316,11 +317,15 @@ TokenLogprobs token_logprobs(const float* logits, int64_t V, int32_t id, int64_t
   TokenLogprobs r;
   r.logprob = static_cast<float>(logits[id] - lse);
   if (top > 0) {
+    // In the one top-k order (core/rank_key.h): a float comparator is no order once a NaN is in
+    // the row, and std::partial_sort's result is then unspecified.
     std::vector<int32_t> idx(static_cast<size_t>(V));
     for (int64_t v = 0; v < V; ++v) idx[static_cast<size_t>(v)] = static_cast<int32_t>(v);
     const auto k = std::min<int64_t>(top, V);
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                      [&](int32_t x, int32_t y) { return logits[x] > logits[y] || (logits[x] == logits[y] && x < y); });
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t x, int32_t y) {
+      const uint32_t a = rank_key(logits[x]), b = rank_key(logits[y]);
+      return a < b || (a == b && x < y);
+    });
     for (int64_t i = 0; i < k; ++i) r.top.push_back({idx[i], static_cast<float>(logits[idx[i]] - lse)});
   }
   return r;
