@@ -14,9 +14,10 @@ namespace {
 
 // Candidates best first in core/rank_key.h's order: logit descending, ties to the lower id,
 // NaN last. A small k takes std::partial_sort (about V comparisons). A large one -- every
-// candidate, when top_k is off, which is the default -- takes an LSD radix sort of the logits' bits: partial_sort was a heap sort of the whole
-// vocabulary there, 26 ms a token at V = 129280 (the model's step is ~90 ms). Both give the
-// one order the comparator defines (test_sampler.cpp compares them).
+// candidate, when top_k is off, which is the default -- takes an LSD radix sort of the logits'
+// bits: partial_sort was a heap sort of the whole vocabulary there, 26 ms a token at V = 129280
+// (the model's step is ~90 ms). Both give the one order the comparator defines (test_sampler.cpp
+// compares them).
 constexpr int64_t kRadixFrom = 2048;
 
 // idx = the first k candidates in that order.
