@@ -119,6 +119,19 @@ void RequestDeadline::leave(const Peer& p) {
   answered_since_check_.insert(p);
 }
 
+void RequestDeadline::close_idle() {
+  std::vector<std::pair<int, Peer>> open;
+  for_each_connection(port_, [&](int fd, const Peer& p) { open.push_back({fd, p}); });
+  // Under mu_: a request whose handler starts meanwhile (enter) waits for this, and finds its
+  // connection shut, as at any stop.
+  std::lock_guard<std::mutex> l(mu_);
+  for (const auto& [fd, p] : open) {
+    Peer now_p;
+    if (busy_.count(p) || !peer_of(fd, port_, now_p) || !(now_p == p)) continue;
+    shutdown(fd, SHUT_RDWR);
+  }
+}
+
 void RequestDeadline::loop() {
   std::unique_lock<std::mutex> l(mu_);
   // Sizes every 100 ms (a header flood grows the server ~200 MB a second per connection);

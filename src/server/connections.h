@@ -65,6 +65,11 @@ class RequestDeadline {
   ~RequestDeadline();
   void enter(const Peer& p);
   void leave(const Peer& p);
+  // At the server's stop, once the listener is closed: shuts every connection of the port that is
+  // not being answered. cpp-httplib's thread on an idle keep-alive connection looks at the stop
+  // only when its 5 s wait for a next request ends, so a stop waited for every such client
+  // (SIGTERM took ~3 s after one request from the openai client) to close its end or time out.
+  void close_idle();
 
  private:
   void loop();

@@ -112,13 +112,16 @@ struct HttpServer::Impl {
     }
     return listener_stopped || listener_done;
   }
-  // Stops the listener (retrying until it is running or has ended) and joins it.
+  // Stops the listener (retrying until it is running or has ended), shuts the idle keep-alive
+  // connections (their threads would wait up to 5 s for a next request; answers in progress
+  // finish) and joins it.
   void end_listener(std::thread& listener) {
     {
       std::unique_lock<std::mutex> l(mu);
       stop_requested = true;
       while (!try_stop()) cv.wait_for(l, std::chrono::milliseconds(1));
     }
+    if (deadline) deadline->close_idle();
     listener.join();
   }
 

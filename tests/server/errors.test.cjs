@@ -410,12 +410,31 @@ test('a burst of connections while the server cannot accept them is queued, not 
   }
 });
 
-test('SIGTERM stops the server: exit status 0 and a line saying so', async () => {
+test('SIGTERM stops the server: exit status 0 and a line saying so, idle keep-alive clients or not', async () => {
   const s = await startServer();
+  // Two connections the clients keep open: one answered (keep-alive), one that sent nothing yet.
+  // cpp-httplib's thread waits 5 s on each for a next request and saw the stop only then: the
+  // server took that long to exit (~3 s after one request from the openai client, whose own idle
+  // timeout closed its end first). Now the stop shuts them at once.
+  const port = Number(new URL(s.url).port);
+  const open = (send) => new Promise((resolve) => {
+    const sock = net.connect(port, '127.0.0.1', () => {
+      if (!send) return resolve(sock);
+      sock.once('data', () => resolve(sock));
+      sock.write('GET /health HTTP/1.1\r\nHost: x\r\n\r\n');
+    });
+    sock.on('error', () => {});
+  });
+  const socks = [await open(true), await open(false)];
+  const ended = socks.map((sock) => new Promise((r) => sock.on('close', r)));
+  const t0 = Date.now();
   const { code, sig } = await s.stop();
+  const took = Date.now() - t0;
+  await Promise.all(ended);
   assert.strictEqual(sig, null);
   assert.strictEqual(code, 0, s.log());
   assert.match(s.log(), /stopping \(signal 15\)/);
+  assert.ok(took < 3000, `the server took ${took} ms to exit with two idle connections open`);
 });
 
 test('a model that fails to load: exit status 1 naming it, no hang', () => {

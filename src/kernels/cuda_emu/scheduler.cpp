@@ -44,7 +44,11 @@
 // and the floating-point control state (MXCSR, x87 control word: rounding modes and exception
 // masks are callee-saved by the ABI), stores the stack pointer in *from_sp, loads to_sp and pops
 // the same frame from there. The control state is loaded only when it differs from the running
-// one: ldmxcsr / fldcw were most of a switch's time, and kernels almost never change it. Everything else is caller-saved, so the compiler has spilled it.
+// one: ldmxcsr / fldcw were most of a switch's time, and kernels almost never change it. MXCSR's
+// six exception flags (bits 0-5) are left out of that comparison: any inexact operation sets one,
+// so a fiber that has computed and one that has not yet differ there, and the ABI does not
+// preserve the flags across calls anyway.
+// Everything else is caller-saved, so the compiler has spilled it.
 // A new fiber's stack holds such a frame whose return address is dsv4_emu_fiber_start, which
 // calls dsv4_emu_fiber_main with a 16-byte-aligned stack (rbp = 0 ends frame-pointer walks).
 extern "C" void dsv4_emu_ctx_switch(void** from_sp, void* to_sp);
@@ -70,8 +74,10 @@ dsv4_emu_ctx_switch:
   movzwl 4(%rsp), %ecx
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  cmpl (%rsp), %eax
-  je 1f
+  movl (%rsp), %edx
+  xorl %eax, %edx
+  testl $-64, %edx
+  jz 1f
   ldmxcsr (%rsp)
 1:
   cmpw 4(%rsp), %cx
@@ -457,8 +463,12 @@ void run_block() {
     f.stack_lo = g_stacks[i].lo;
     f.stack_size = g_stacks[i].size;
     // The initial frame popped by dsv4_emu_ctx_switch: FPU state, r15..r12, rbx, rbp = 0, then
-    // the return address. The 16-byte-aligned top makes the stack aligned at the `call`.
-    uint64_t* sp = reinterpret_cast<uint64_t*>(f.stack_lo + f.stack_size - 64);
+    // the return address. The 16-byte-aligned top makes the stack aligned at the `call`. Each
+    // thread's top is moved down by a different number of cache lines: the stacks are a whole
+    // number of pages apart, so unmoved their tops (where every switch reads and writes) all fell
+    // in the same L1 set, and twelve ways held twelve of a block's 128-256 tops.
+    const size_t color = static_cast<size_t>(i % 64) * 64;
+    uint64_t* sp = reinterpret_cast<uint64_t*>(f.stack_lo + f.stack_size - 64 - color);
     sp[0] = g_fpu_frame;
     for (int r = 1; r <= 6; ++r) sp[r] = 0;
     sp[7] = reinterpret_cast<uint64_t>(&dsv4_emu_fiber_start);
