@@ -77,6 +77,48 @@ class SchedulerOnTinyModel : public ::testing::Test {
   std::unique_ptr<Scheduler> sched_;
 };
 
+// stop(): a running job and a queued one end with Failed (the running one well before its
+// max_tokens), and a submit after it is refused. Before, only the destructor stopped, so the
+// server's stop waited for every answer in progress to run out.
+TEST_F(SchedulerOnTinyModel, StopFailsRunningAndQueuedJobsAndRefusesNewOnes) {
+  SchedulerOptions o;
+  o.max_batch = 1;  // the second job waits in the queue
+  sched_.reset();
+  sched_ = std::make_unique<Scheduler>(*engine_, o, metrics_);
+  GenParams p;
+  p.prompt = {5, 17, 99, 3, 42};
+  p.max_tokens = 4000;
+  p.sampling.temperature = 0;
+  auto running = std::make_shared<Job>(p), queued = std::make_shared<Job>(p);
+  sched_->submit(running);
+  sched_->submit(queued);
+  Event e;
+  ASSERT_TRUE(running->next(e, std::chrono::seconds(30)));  // it has started
+  sched_->stop();
+  auto ends_failed = [&](Job& job, int64_t& texts) {
+    texts = 0;
+    while (job.next(e, std::chrono::seconds(10))) {
+      if (e.kind == Event::Failed) return std::string(e.error.what());
+      if (e.kind == Event::Done) return std::string("done");
+      texts += e.kind == Event::Text;
+    }
+    return std::string("no end");
+  };
+  int64_t texts = 0;
+  EXPECT_EQ(ends_failed(*running, texts), "server shutting down");
+  EXPECT_LT(texts, 3000);
+  EXPECT_EQ(ends_failed(*queued, texts), "server shutting down");
+  EXPECT_EQ(texts, 0);
+  EXPECT_EQ(sched_->queue_depth(), 0);
+  try {
+    sched_->submit(std::make_shared<Job>(p));
+    FAIL() << "a submit after stop() was accepted";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.kind, ErrorKind::ResourceExhausted);
+    EXPECT_NE(std::string(err.what()).find("shutting down"), std::string::npos) << err.what();
+  }
+}
+
 // Pausing a job whose client does not take its output (Scheduler, kPauseBacklog and
 // kPauseBlocked): a paused job makes no events, and once its client takes them it resumes with
 // the answer an eagerly read job gets, token for token (greedy).

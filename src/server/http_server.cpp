@@ -112,15 +112,17 @@ struct HttpServer::Impl {
     }
     return listener_stopped || listener_done;
   }
-  // Stops the listener (retrying until it is running or has ended), shuts the idle keep-alive
-  // connections (their threads would wait up to 5 s for a next request; answers in progress
-  // finish) and joins it.
+  // Stops the listener (retrying until it is running or has ended), then the scheduler (answers
+  // in progress end with an error within a step; the listener's join waited for each to run out:
+  // 45 s for a 3000-token stream of the demo model), shuts the idle keep-alive connections (their
+  // threads would wait up to 5 s for a next request) and joins the listener.
   void end_listener(std::thread& listener) {
     {
       std::unique_lock<std::mutex> l(mu);
       stop_requested = true;
       while (!try_stop()) cv.wait_for(l, std::chrono::milliseconds(1));
     }
+    if (sched) sched->stop();
     if (deadline) deadline->close_idle();
     listener.join();
   }
@@ -506,10 +508,10 @@ void HttpServer::run(const std::function<void(int)>& ready, const std::function<
     std::unique_lock<std::mutex> l(m.mu);
     m.cv.wait(l, [&] { return m.stop_requested || m.listener_done; });
   }
-  m.end_listener(listener);
+  m.end_listener(listener);  // fails what is still queued or running
   m.deadline.reset();
   m.ready = false;
-  m.sched.reset();  // fails what is still queued or running
+  m.sched.reset();
 }
 
 }  // namespace dsv4::server

@@ -120,14 +120,18 @@ Scheduler::Scheduler(Engine& engine, const SchedulerOptions& o, Metrics& metrics
   thread_ = std::thread([this] { loop(); });
 }
 
-Scheduler::~Scheduler() {
+Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::stop() {
   {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();  // the loop fails the running jobs as it ends
+  std::lock_guard<std::mutex> l(mu_);
   for (auto& j : waiting_) j->push(Event::failed(Error("server shutting down", ErrorKind::ResourceExhausted)));
+  waiting_.clear();
 }
 
 int Scheduler::queue_depth() const {
@@ -170,6 +174,8 @@ void Scheduler::submit(const std::shared_ptr<Job>& job) {
     throw Error("n = " + std::to_string(p.n) + " exceeds the server's batch size (" + std::to_string(opt_.max_batch) + ")");
   {
     std::lock_guard<std::mutex> l(mu_);
+    // Nothing would answer it: the thread has ended or is ending.
+    if (stop_) throw Error("the server is shutting down", ErrorKind::ResourceExhausted);
     const int free = std::max(0, opt_.max_batch - live_choices_.load());
     if (static_cast<int>(waiting_.size()) >= opt_.max_queue + free)
       throw Error("the server is busy: " + std::to_string(waiting_.size()) + " requests are waiting", ErrorKind::ResourceExhausted);

@@ -191,10 +191,15 @@ int64_t prefill_budget(const SchedulerOptions& o, int64_t decode_tokens);
 class Scheduler {
  public:
   Scheduler(Engine& engine, const SchedulerOptions& o, Metrics& metrics);
-  ~Scheduler();  // stops the thread; pending jobs end with Failed
+  ~Scheduler();  // stop()
+  // Ends the scheduler thread within a step: every running and queued job ends with Failed
+  // ("server shutting down"), and later submits throw Error(ResourceExhausted). The server calls
+  // it first when it stops, so that a stop does not wait for answers in progress to run out.
+  void stop();
 
-  // Queues a job. Throws Error(ResourceExhausted) when the queue is full, Error(BadInput) when
-  // the job can never run (its reservation exceeds the whole memory budget).
+  // Queues a job. Throws Error(ResourceExhausted) when the queue is full or the scheduler has
+  // stopped, Error(BadInput) when the job can never run (its reservation exceeds the whole memory
+  // budget).
   void submit(const std::shared_ptr<Job>& job);
   int queue_depth() const;
   int running() const;  // jobs being prefilled or decoded

@@ -410,12 +410,14 @@ test('a burst of connections while the server cannot accept them is queued, not 
   }
 });
 
-test('SIGTERM stops the server: exit status 0 and a line saying so, idle keep-alive clients or not', async () => {
+test('SIGTERM stops the server at once: exit status 0, a line saying so, a running stream failed', async () => {
   const s = await startServer();
   // Two connections the clients keep open: one answered (keep-alive), one that sent nothing yet.
   // cpp-httplib's thread waits 5 s on each for a next request and saw the stop only then: the
   // server took that long to exit (~3 s after one request from the openai client, whose own idle
   // timeout closed its end first). Now the stop shuts them at once.
+  // And a stream in progress: the stop waited for it to run to its end (45 s for these 3000
+  // tokens); now it ends with an error event within a step.
   const port = Number(new URL(s.url).port);
   const open = (send) => new Promise((resolve) => {
     const sock = net.connect(port, '127.0.0.1', () => {
@@ -427,6 +429,20 @@ test('SIGTERM stops the server: exit status 0 and a line saying so, idle keep-al
   });
   const socks = [await open(true), await open(false)];
   const ended = socks.map((sock) => new Promise((r) => sock.on('close', r)));
+  const c = new OpenAI({ baseURL: s.base, apiKey: 'x', maxRetries: 0 });
+  const stream = await c.chat.completions.create({ model: 'demo', messages: [{ role: 'user', content: 'a long story' }],
+                                                   max_tokens: 3000, stream: true });
+  const it = stream[Symbol.asyncIterator]();
+  await it.next();  // running
+  const rest = (async () => {
+    let chunks = 0;
+    try {
+      for (let r = await it.next(); !r.done; r = await it.next()) ++chunks;
+    } catch (e) {
+      return { chunks, error: e.message };
+    }
+    return { chunks, error: null };
+  })();
   const t0 = Date.now();
   const { code, sig } = await s.stop();
   const took = Date.now() - t0;
@@ -434,7 +450,10 @@ test('SIGTERM stops the server: exit status 0 and a line saying so, idle keep-al
   assert.strictEqual(sig, null);
   assert.strictEqual(code, 0, s.log());
   assert.match(s.log(), /stopping \(signal 15\)/);
-  assert.ok(took < 3000, `the server took ${took} ms to exit with two idle connections open`);
+  assert.ok(took < 3000, `the server took ${took} ms to exit with a stream running and two idle connections open`);
+  const { chunks, error } = await rest;
+  assert.ok(chunks < 2999, `${chunks} chunks: the stream ran on`);
+  assert.match(error || '', /shutting down/);
 });
 
 test('a model that fails to load: exit status 1 naming it, no hang', () => {
