@@ -414,8 +414,8 @@ test('SIGTERM stops the server at once: exit status 0, a line saying so, a runni
   const s = await startServer();
   // Two connections the clients keep open: one answered (keep-alive), one that sent nothing yet.
   // cpp-httplib's thread waits 5 s on each for a next request and saw the stop only then: the
-  // server took that long to exit (~3 s after one request from the openai client, whose own idle
-  // timeout closed its end first). Now the stop shuts them at once.
+  // server took that long to exit (~3 s after one request from the openai client, which closes
+  // idle connections of its own accord). Now the stop shuts them at once.
   // And a stream in progress: the stop waited for it to run to its end (45 s for these 3000
   // tokens); now it ends with an error event within a step.
   const port = Number(new URL(s.url).port);
