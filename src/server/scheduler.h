@@ -116,7 +116,10 @@ struct Event {
   }
   static Event failed(const Error& err) {
     Event e = of(Failed);
-    e.error = err;
+    // A copy of its own text: copying a std::runtime_error shares a reference-counted string,
+    // and the event crosses to an HTTP thread while the scheduler's original may still be alive
+    // (the count's atomics are inside libstdc++, which ThreadSanitizer cannot see).
+    e.error = Error(std::string(err.what()), err.kind);
     return e;
   }
 };
