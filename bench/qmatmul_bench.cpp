@@ -15,6 +15,8 @@
 // --fp8-subnormal-stride N keeps the FP8 weights' E4M3 subnormal codes at one byte in N (default
 // 512: about one code in 8000, like quantised weights; 1: random bytes', one in 16), to see the
 // FP8 decode routes on subnormal-rich weights (qmatmul.h, Fp8Decode).
+// The GEMV table's last two columns: the fixed cost of a call (the same call for one row: x
+// packing, scales, the thread split) and its share of a matrix's call.
 // --shuffle calls the GEMV table's matrices in a fixed random order instead of the order they
 // lie in memory (a decode step's routed experts: each call starts its streams somewhere new).
 // scripts/ggml-compare.sh runs it as `--only gemv --shape RxC --format F --no-probe` and `--only bw`.
@@ -324,8 +326,8 @@ int main(int argc, char** argv) {
   const int64_t T1 = gemv_tokens;
   std::printf("\nGEMV T=%lld, %lld x %lld matrices, each read once per pass\n", static_cast<long long>(T1),
               static_cast<long long>(rows), static_cast<long long>(cols));
-  std::printf("%-9s %5s %9s %9s %9s %9s %7s %9s %8s\n", "format", "mats", "MiB", "best GB/s", "median", "worst",
-              "of bw", "ms/mat", "GFLOP/s");
+  std::printf("%-9s %5s %9s %9s %9s %9s %7s %9s %8s %8s %6s\n", "format", "mats", "MiB", "best GB/s", "median", "worst",
+              "of bw", "ms/mat", "GFLOP/s", "fixed us", "of mat");
   for (WFormat f : formats) {
     const size_t per = WeightSet::payload(f, rows, cols);
     const int count = std::max(1, static_cast<int>(gib * (1u << 30) / static_cast<double>(per)));
@@ -348,9 +350,20 @@ int main(int argc, char** argv) {
     char of_bw[16] = "      -";
     if (bw > 0) std::snprintf(of_bw, sizeof of_bw, "%6.0f%%", 100.0 * s.best / bw);
     const double flop_per_byte = 2.0 * static_cast<double>(rows * cols * T1) * count / static_cast<double>(set.bytes);
-    std::printf("%-9s %5d %9.0f %9.2f %9.2f %9.2f %s %9.3f %8.1f\n", wformat_name(f), count,
-                static_cast<double>(set.bytes) / (1 << 20), s.best, s.median, s.worst, of_bw,
-                1e3 * static_cast<double>(set.bytes) / 1e9 / s.best / count, s.best * flop_per_byte);
+    // A call's fixed cost (x packing, scale preparation, the thread split): the same call for one
+    // row, best of reps x 16. It grows with T x cols and not with rows, so at small shapes it is
+    // much of ms/mat (x packing was 32% of a 128x4096 BF16 call at T = 8: docs/perf.md "Session
+    // 42"), and figures there are not the tile's rate.
+    constexpr int kFixedCalls = 16;
+    auto one_row = [&] {
+      for (int k = 0; k < kFixedCalls; ++k) qmatmul(set.ws[0], 0, 1, x.data(), cols, T1, y.data(), rows);
+    };
+    one_row();
+    const double fixed_us = 1e6 / rate(reps, kFixedCalls, one_row).best;
+    const double ms_mat = 1e3 * static_cast<double>(set.bytes) / 1e9 / s.best / count;
+    std::printf("%-9s %5d %9.0f %9.2f %9.2f %9.2f %s %9.3f %8.1f %8.1f %5.0f%%\n", wformat_name(f), count,
+                static_cast<double>(set.bytes) / (1 << 20), s.best, s.median, s.worst, of_bw, ms_mat,
+                s.best * flop_per_byte, fixed_us, 100.0 * fixed_us / (1e3 * ms_mat));
   }
   }
 
