@@ -1,13 +1,16 @@
 // The persistent pool: every index of [0, n) is handed out exactly once, in contiguous ranges,
 // for both the static and the dynamic split, across many back-to-back jobs (workers spinning)
-// and after pauses long enough for the workers to fall asleep.
+// and after pauses long enough for the workers to fall asleep. And errors that cross threads.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "core/threads.h"
 
 using namespace dsv4;
@@ -64,4 +67,35 @@ TEST(ThreadPool, StaticSplitOneRangePerThread) {
   EXPECT_EQ(calls.load(), 4);
   for (int i = 0; i < 4; ++i)
     for (int j = i + 1; j < 4; ++j) EXPECT_NE(ids[i], ids[j]);
+}
+
+// A copy of an Error owns its text (core/error.h): threads holding copies share no string.
+// std::runtime_error's own copies share one, with the same what() pointer.
+TEST(ErrorCopies, OwnTheirText) {
+  const Error a("the body is not valid JSON", ErrorKind::ResourceExhausted);
+  Error b = a;
+  EXPECT_NE(a.what(), b.what());
+  EXPECT_STREQ(a.what(), b.what());
+  EXPECT_EQ(b.kind, ErrorKind::ResourceExhausted);
+  Error c("another");
+  c = a;
+  EXPECT_NE(a.what(), c.what());
+  EXPECT_STREQ(a.what(), c.what());
+  EXPECT_EQ(c.kind, ErrorKind::ResourceExhausted);
+  // As a failed job's event travels: made in one thread, kept in a slot, read in another after
+  // the maker's original is gone (the thread tier runs this under ThreadSanitizer).
+  std::optional<Error> slot;
+  std::mutex m;
+  std::thread maker([&] {
+    const Error e("server shutting down", ErrorKind::Internal);
+    std::lock_guard<std::mutex> lock(m);
+    slot = e;
+  });
+  maker.join();
+  std::thread reader([&] {
+    std::lock_guard<std::mutex> lock(m);
+    EXPECT_STREQ(slot->what(), "server shutting down");
+    slot.reset();
+  });
+  reader.join();
 }

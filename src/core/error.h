@@ -19,6 +19,18 @@ enum class ErrorKind {
 
 struct Error : std::runtime_error {
   explicit Error(const std::string& what, ErrorKind k = ErrorKind::BadInput) : std::runtime_error(what), kind(k) {}
+  // A copy owns its text. std::runtime_error's copies share one reference-counted string, and
+  // errors cross threads (a job's failure goes from the scheduler to an HTTP thread): the last
+  // release could then free the text in one thread while another reads it, ordered only by the
+  // count's atomics inside libstdc++, which ThreadSanitizer cannot see (session 41's CI failure).
+  Error(const Error& other) : std::runtime_error(std::string(other.what())), kind(other.kind) {}
+  Error& operator=(const Error& other) {
+    if (this != &other) {
+      std::runtime_error::operator=(std::runtime_error(std::string(other.what())));
+      kind = other.kind;
+    }
+    return *this;
+  }
   ErrorKind kind;
 };
 

@@ -599,7 +599,7 @@ bool Scheduler::step() {
           if (const int64_t top = slots[i].a->job->params.top_logprobs; top >= 0)
             logprobs[i] = token_logprobs(out[i].logits.data(), V, picked[i], top);
         } catch (const Error& x) {
-          pick_error[i] = Error(std::string(x.what()), x.kind);  // its own text (see Event::failed)
+          pick_error[i] = x;
         }
       }
     });

@@ -116,10 +116,7 @@ struct Event {
   }
   static Event failed(const Error& err) {
     Event e = of(Failed);
-    // A copy of its own text: copying a std::runtime_error shares a reference-counted string,
-    // and the event crosses to an HTTP thread while the scheduler's original may still be alive
-    // (the count's atomics are inside libstdc++, which ThreadSanitizer cannot see).
-    e.error = Error(std::string(err.what()), err.kind);
+    e.error = err;  // its own copy of the text (core/error.h): the event crosses to an HTTP thread
     return e;
   }
 };
