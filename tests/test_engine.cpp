@@ -480,7 +480,8 @@ TEST(EngineMtp, InvariantsHold) {
 }
 
 // Drafts are deterministic, and drafting leaves nothing behind: the next step's logits are
-// those of a sequence that never drafted.
+// those of a sequence that never drafted. The first draft is the MTP head's greedy pick at the
+// draft's position (29, given token 30), the first MTP row of the next feed.
 TEST(EngineMtp, DraftingLeavesNoTrace) {
   const std::string dir = golden_dir("tiny-native");
   Engine e({.model_dir = dir + "/model"});
@@ -492,7 +493,11 @@ TEST(EngineMtp, DraftingLeavesNoTrace) {
   const auto d2 = e.draft({{&a, tokens[30], 5}});
   ASSERT_EQ(d1[0].size(), 5u);
   EXPECT_EQ(d1, d2);
-  EXPECT_EQ(feed(e, a, slice(tokens, 30, 40), 1).mtp, feed(e, b, slice(tokens, 30, 40), 1).mtp);
+  const Fed fa = feed(e, a, slice(tokens, 30, 40), 1), fb = feed(e, b, slice(tokens, 30, 40), 1);
+  EXPECT_EQ(fa.mtp, fb.mtp);
+  const int64_t V = e.info().vocab;
+  ASSERT_GE(static_cast<int64_t>(fb.mtp.size()), V);
+  EXPECT_EQ(d1[0][0], std::max_element(fb.mtp.begin(), fb.mtp.begin() + V) - fb.mtp.begin());
 }
 
 // Bad requests are refused with their kind before anything changes.

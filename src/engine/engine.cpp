@@ -726,9 +726,9 @@ std::vector<std::vector<int32_t>> Engine::draft(const std::vector<DraftRequest>&
     if (r.seq->pos() == 0) throw Error(where + ": the sequence has consumed no token yet");
     rounds = std::max(rounds, r.n);
   }
-  const int64_t V = info_.vocab, Hs = info_.hidden_size;
+  const int64_t Hs = info_.hidden_size;
   std::vector<std::vector<int32_t>> out(reqs.size());
-  std::vector<std::vector<float>> h(reqs.size()), hn(reqs.size()), lg(reqs.size());
+  std::vector<std::vector<float>> h(reqs.size()), hn(reqs.size());
   std::vector<int32_t> tok(reqs.size());
   if (lockstep_ && lockstep_->leader) {
     Msg m(Cmd::Draft);
@@ -751,14 +751,13 @@ std::vector<std::vector<int32_t>> Engine::draft(const std::vector<DraftRequest>&
       std::vector<size_t> who;
       for (size_t i = 0; i < reqs.size(); ++i) {
         if (k >= reqs[i].n) continue;
-        lg[i].resize(static_cast<size_t>(V));
         hn[i].resize(static_cast<size_t>(Hs));
-        in.push_back({&reqs[i].seq->impl_->st, &tok[i], 1, Rows::Last, lg[i].data(), hn[i].data(), h[i].data()});
+        // Only the greedy id back (Backend::argmax): the logits stay in the backend's memory.
+        in.push_back({&reqs[i].seq->impl_->st, &tok[i], 1, Rows::Last, nullptr, hn[i].data(), h[i].data(), &tok[i]});
         who.push_back(i);
       }
       model_->step(Stack::Mtp, in);
       for (size_t i : who) {
-        tok[i] = static_cast<int32_t>(std::max_element(lg[i].begin(), lg[i].end()) - lg[i].begin());
         out[i].push_back(tok[i]);
         std::swap(h[i], hn[i]);  // the next draft position reads this one's output state
       }
