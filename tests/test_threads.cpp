@@ -83,7 +83,7 @@ TEST(ErrorCopies, OwnTheirText) {
   EXPECT_STREQ(a.what(), c.what());
   EXPECT_EQ(c.kind, ErrorKind::ResourceExhausted);
   // As a failed job's event travels: made in one thread, kept in a slot, read in another after
-  // the maker's original is gone (the thread tier runs this under ThreadSanitizer).
+  // the maker's original is gone.
   std::optional<Error> slot;
   std::mutex m;
   std::thread maker([&] {
