@@ -753,6 +753,7 @@ std::vector<std::vector<int32_t>> Engine::draft(const std::vector<DraftRequest>&
         if (k >= reqs[i].n) continue;
         hn[i].resize(static_cast<size_t>(Hs));
         // Only the greedy id back (Backend::argmax): the logits stay in the backend's memory.
+        // tok[i] is both the round's input token (read when the step starts) and its pick.
         in.push_back({&reqs[i].seq->impl_->st, &tok[i], 1, Rows::Last, nullptr, hn[i].data(), h[i].data(), &tok[i]});
         who.push_back(i);
       }
