@@ -178,6 +178,11 @@ TEST(Cli, BadUsage) {
   EXPECT_EQ(load.status, 2);
   EXPECT_NE(load.err.find("--load"), std::string::npos) << load.err;
   expect_one_line_error(dsv4_run("score --model /nonexistent/dir --tokens 1 --out " + out), {"/nonexistent/dir"});
+  // The text commands look for the tokenizer in --model first: a wrong --model is named as such.
+  for (const char* cmd : {"generate --prompt hi", "chat", "serve"})
+    expect_one_line_error(dsv4_run(std::string(cmd) + " --model /nonexistent/dir </dev/null"), {"/nonexistent/dir", "no config.json"});
+  // A model directory without its tokenizer is told to pass one.
+  expect_one_line_error(dsv4_run("generate --prompt hi --model " + tiny() + "/model"), {"no tokenizer.json", "--tokenizer"});
 }
 
 TEST(Cli, TruncatedFile) {

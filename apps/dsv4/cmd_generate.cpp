@@ -31,6 +31,10 @@ EngineOptions engine_options(const Args& a, int64_t context) {
     eo.tokenizer = tdir;
   } else if (std::filesystem::exists(tp / "tokenizer.json")) {
     eo.tokenizer = (tp / "tokenizer.json").string();
+  } else if (!a.has("tokenizer") && !std::filesystem::exists(tp / "config.json")) {
+    // The tokenizer was looked for in --model, which is no model directory at all: say that
+    // (as the model's loading would, only later), not that the tokenizer is missing.
+    throw Error(tdir + ": no config.json (is this a model directory?)");
   } else {
     throw Error("no tokenizer.json in " + tdir + " (pass --tokenizer DIR)");
   }
