@@ -185,6 +185,30 @@ TEST(Cli, BadUsage) {
   expect_one_line_error(dsv4_run("generate --prompt hi --model " + tiny() + "/model"), {"no tokenizer.json", "--tokenizer"});
 }
 
+// generate and chat check every option before the model loads (minutes for a real checkpoint):
+// a usage error comes first even when the weights would not load at all.
+TEST(Cli, TextCommandsCheckOptionsBeforeLoading) {
+  if (!fs::exists(tokenizer_dir() + "/tokenizer.json")) GTEST_SKIP() << "no tokenizer.json in " << tokenizer_dir();
+  const std::string dir = copy_model("cli-early");
+  fs::resize_file(dir + "/model.safetensors", 100);  // loading it fails (a header past the end)
+  const std::string model = " --model " + dir + " --tokenizer " + tokenizer_dir() + " </dev/null";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"generate --prompt hi --bogus 1", "unknown option --bogus"},
+      {"generate --prompt hi --mode poem", "--mode must be thinking, chat or raw"},
+      {"generate --prompt hi --reasoning-effort low", "--reasoning-effort must be high or max"},
+      {"chat --bogus 1", "unknown option --bogus"},
+      {"chat --mode raw", "--mode must be thinking or chat"},
+      {"chat --reasoning-effort low", "--reasoning-effort must be high or max"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const CliRun r = dsv4_run(args + model);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+  }
+  // Without a usage error the load is what fails.
+  expect_one_line_error(dsv4_run("generate --prompt hi" + model), {"model.safetensors"});
+}
+
 TEST(Cli, TruncatedFile) {
   std::string dir = copy_model("cli-trunc");
   fs::resize_file(dir + "/model.safetensors", fs::file_size(dir + "/model.safetensors") - 1000);

@@ -45,8 +45,7 @@ namespace {
 
 // The engine (model + tokenizer) on the device --device names. On cuda the sequence caches are
 // sized for the context limit, so an unset --context becomes min(max positions, 8192) there.
-std::unique_ptr<Engine> load_engine(const Args& a, const GenerateOptions& opt) {
-  const EngineOptions eo = engine_options(a, opt.context_limit);
+std::unique_ptr<Engine> load_engine(const EngineOptions& eo) {
   auto e = std::make_unique<Engine>(eo);
   if (e->tokenizer().vocab_size() > e->info().vocab)
     throw Error("tokenizer " + eo.tokenizer + " has " + std::to_string(e->tokenizer().vocab_size()) +
@@ -148,10 +147,17 @@ class ThinkRouter {
   std::string held_;
 };
 
-ChatMode parse_mode(const std::string& m) {
+// generate also takes raw (handled by the caller); chat does not.
+ChatMode parse_mode(const std::string& m, bool raw_too) {
   if (m == "thinking") return ChatMode::Thinking;
   if (m == "chat") return ChatMode::Chat;
-  throw Usage("--mode must be thinking, chat or raw, got '" + m + "'");
+  throw Usage(std::string("--mode must be ") + (raw_too ? "thinking, chat or raw" : "thinking or chat") + ", got '" + m + "'");
+}
+
+std::string effort_option(const Args& a) {
+  const std::string e = a.str("reasoning-effort", "");
+  if (!e.empty() && e != "high" && e != "max") throw Usage("--reasoning-effort must be high or max, got '" + e + "'");
+  return e;
 }
 
 void print_stats(const GenerateResult& r, int64_t draft) {
@@ -170,26 +176,30 @@ void print_stats(const GenerateResult& r, int64_t draft) {
 }  // namespace
 
 int cmd_generate(const Args& a) {
+  // Every option is read and checked before the model loads, which can take minutes.
   const std::string prompt = a.str("prompt");
   const std::string mode = a.str("mode", "thinking");
+  const bool raw = mode == "raw";
+  const ChatMode chat_mode = raw ? ChatMode::Chat : parse_mode(mode, true);
   const bool show = !a.flag("hide-reasoning");
-  const std::string effort = a.str("reasoning-effort", "");
-  GenerateOptions opt = gen_options(a);
-  std::unique_ptr<Engine> E = load_engine(a, opt);
-  const Tokenizer& tok = E->tokenizer();
+  const std::string effort = effort_option(a);
+  GenerateOptions opt = gen_options(a);  // (it reads and compiles --json-schema's file)
+  const std::string schema_file = a.str("json-schema", "");
+  const EngineOptions eo = engine_options(a, opt.context_limit);
   a.check_all_used();
+  std::unique_ptr<Engine> E = load_engine(eo);
+  const Tokenizer& tok = E->tokenizer();
 
   std::vector<int32_t> ids;
   bool thinking = false;
-  if (mode == "raw") {
+  if (raw) {
     ids = tok.encode(prompt);
   } else {
     ChatOptions co;
-    co.mode = parse_mode(mode);
+    co.mode = chat_mode;
     co.reasoning_effort = effort;
     thinking = co.mode == ChatMode::Thinking;
     nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
-    const std::string schema_file = a.str("json-schema", "");
     if (!schema_file.empty())  // shown to the model as the server shows it
       msgs.push_back({{"role", "system"}, {"content", ""}, {"response_format", read_schema(schema_file)}});
     msgs.push_back({{"role", "user"}, {"content", prompt}});
@@ -206,19 +216,20 @@ int cmd_generate(const Args& a) {
 }
 
 int cmd_chat(const Args& a) {
+  // Every option is read and checked before the model loads, which can take minutes.
   const std::string mode = a.str("mode", "thinking");
-  const bool show = !a.flag("hide-reasoning");
-  const std::string effort = a.str("reasoning-effort", "");
-  const std::string system = a.str("system", "");
-  GenerateOptions opt = gen_options(a);
-  std::unique_ptr<Engine> E = load_engine(a, opt);
-  const Tokenizer& tok = E->tokenizer();
-  a.check_all_used();
   ChatOptions co;
-  co.mode = parse_mode(mode);
-  co.reasoning_effort = effort;
+  co.mode = parse_mode(mode, false);
+  const bool show = !a.flag("hide-reasoning");
+  co.reasoning_effort = effort_option(a);
+  const std::string system = a.str("system", "");
+  GenerateOptions opt = gen_options(a);  // (it reads and compiles --json-schema's file)
   opt.json_after_reasoning = co.mode == ChatMode::Thinking;
   const std::string schema_file = a.str("json-schema", "");
+  const EngineOptions eo = engine_options(a, opt.context_limit);
+  a.check_all_used();
+  std::unique_ptr<Engine> E = load_engine(eo);
+  const Tokenizer& tok = E->tokenizer();
 
   nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
   auto reset = [&] {

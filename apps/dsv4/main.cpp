@@ -83,7 +83,8 @@ Commands:
                          it; output identical to the same options without --draft (greedy or
                          seeded); acceptance is reported on stderr; what a draft costs on
                          this machine: `dsv4 bench --draft 1,2`
-      --reasoning-effort max   the official encoder's maximum-effort instruction
+      --reasoning-effort E   high (the default) | max: max adds the official encoder's
+                         maximum-effort instruction
       --json-object      the answer (after the reasoning in thinking mode) is one JSON object:
                          tokens that cannot continue it are masked (drafts, too, are
                          checked through the mask: the same answer)
@@ -100,7 +101,8 @@ Commands:
       A timing summary (prompt tokens, prefill and decode tok/s) goes to stderr.
 
   chat        Interactive multi-turn chat on stdin/stdout through the chat encoding.
-              Same options as generate except --prompt; also --system TEXT.
+              Same options as generate except --prompt (and --mode: thinking | chat);
+              also --system TEXT.
               Each turn reuses the conversation's state and prefills only what is new.
               Commands: /reset clears the conversation, /exit quits.
 
@@ -116,7 +118,7 @@ Commands:
       --messages F.json  a list of OpenAI-style messages (or a request body with "messages"
                          and "tools")
       --mode M           thinking | chat (default thinking)
-      --reasoning-effort max
+      --reasoning-effort E   high | max (see generate)
       --ids --tokenizer DIR   print the prompt's token ids instead of its text
 
   inspect     Describe a checkpoint: layout and formats, config summary, layer kinds, bytes
