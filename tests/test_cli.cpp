@@ -181,6 +181,8 @@ TEST(Cli, BadUsage) {
   // The text commands look for the tokenizer in --model first: a wrong --model is named as such.
   for (const char* cmd : {"generate --prompt hi", "chat", "serve"})
     expect_one_line_error(dsv4_run(std::string(cmd) + " --model /nonexistent/dir </dev/null"), {"/nonexistent/dir", "no config.json"});
+  // bench names it before measuring the machine's limits (its one line is the only one).
+  expect_one_line_error(dsv4_run("bench --model /nonexistent/dir"), {"/nonexistent/dir", "no config.json"});
   // A model directory without its tokenizer is told to pass one.
   expect_one_line_error(dsv4_run("generate --prompt hi --model " + tiny() + "/model"), {"no tokenizer.json", "--tokenizer"});
 }

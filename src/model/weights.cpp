@@ -188,12 +188,16 @@ static int64_t routed_expert_of(const std::string& name) {
 
 ModelWeights load_model(const std::string& dir, LoadMode mode) { return load_model(dir, mode, Share{}); }
 
+ModelConfig load_model_config(const std::string& dir) {
+  const std::string cfg_path = (std::filesystem::path(dir) / "config.json").string();
+  if (!std::filesystem::exists(cfg_path)) throw Error(dir + ": no config.json (is this a model directory?)");
+  return load_config(cfg_path);
+}
+
 ModelWeights load_model(const std::string& dir, LoadMode mode, const Share& share) {
   ModelWeights m;
   m.dir = dir;
-  const std::string cfg_path = (std::filesystem::path(dir) / "config.json").string();
-  if (!std::filesystem::exists(cfg_path)) throw Error(dir + ": no config.json (is this a model directory?)");
-  m.cfg = load_config(cfg_path);
+  m.cfg = load_model_config(dir);
   const ModelConfig& c = m.cfg;
   const ExpertSplit experts = share.ep ? ExpertSplit{share.rank, share.world, c.n_experts} : ExpertSplit{0, 1, c.n_experts};
   m.store = TensorStore::open_dir(dir, share.active() ? LoadMode::Mmap : mode);

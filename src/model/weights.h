@@ -90,6 +90,10 @@ struct ModelWeights {
   std::string format_summary() const;
 };
 
+// DIR/config.json, read and validated: the first thing load_model does. Throws dsv4::Error naming
+// DIR when it holds no config.json (no model directory at all), or the key that is wrong.
+ModelConfig load_model_config(const std::string& dir);
+
 // Loads config.json and binds every tensor of the list (model/tensors.h); throws dsv4::Error
 // naming the missing tensor or the one whose dtype/shape disagrees with the config. `mode` says
 // how the checkpoint bytes get into memory (see LoadMode).

@@ -13,6 +13,7 @@
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "kernels/cpu/qmatmul.h"
+#include "model/weights.h"
 #include "backends/cpu/ops.h"
 #include "tools/roofline.h"
 
@@ -144,6 +145,8 @@ BenchResult run_bench(const BenchOptions& o) {
       throw Error("bench: --draft counts must be in [1, " + std::to_string(kCheapRewind) + "], got " + std::to_string(n));
   if (!o.drafts.empty() && std::find(o.batches.begin(), o.batches.end(), 1) == o.batches.end())
     throw Error("bench: --draft is measured against batch-1 decode: include 1 in --batch");
+  // A wrong --model is told at once, not after the limits' ~10 s of measuring.
+  (void)load_model_config(o.model_dir);
   if (cpu) {
     std::fprintf(stderr, "bench: measuring memory bandwidth and FMA peak (%d threads, %s)...\n", r.threads, r.isa.c_str());
     r.mem_bw_gb_s = measure_read_bandwidth(size_t{1} << 30, 5);
