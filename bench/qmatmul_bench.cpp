@@ -351,7 +351,7 @@ int main(int argc, char** argv) {
     if (bw > 0) std::snprintf(of_bw, sizeof of_bw, "%6.0f%%", 100.0 * s.best / bw);
     const double flop_per_byte = 2.0 * static_cast<double>(rows * cols * T1) * count / static_cast<double>(set.bytes);
     // A call's fixed cost (x packing, scale preparation, the thread split): the same call for one
-    // row, best of reps x 16. It grows with T x cols and not with rows, so at small shapes it is
+    // row, the best of `reps` runs of 16 calls. It grows with T x cols and not with rows, so at small shapes it is
     // much of ms/mat (x packing was 32% of a 128x4096 BF16 call at T = 8: docs/perf.md "Session
     // 42"), and figures there are not the tile's rate.
     constexpr int kFixedCalls = 16;

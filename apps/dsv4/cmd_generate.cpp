@@ -156,7 +156,7 @@ ChatMode parse_mode(const std::string& m, bool raw_too) {
 
 std::string effort_option(const Args& a) {
   const std::string e = a.str("reasoning-effort", "");
-  if (!e.empty() && e != "high" && e != "max") throw Usage("--reasoning-effort must be high or max, got '" + e + "'");
+  if (!valid_reasoning_effort(e)) throw Usage("--reasoning-effort must be high or max, got '" + e + "'");
   return e;
 }
 

@@ -655,9 +655,11 @@ std::string render_message(size_t index, const std::vector<Msg>& msgs, const Ren
 
 }  // namespace
 
+bool valid_reasoning_effort(const std::string& e) { return e.empty() || e == "high" || e == "max"; }
+
 std::string render_chat(const ojson& messages, const ChatOptions& opt) {
   const bool thinking = opt.mode == ChatMode::Thinking;
-  if (!opt.reasoning_effort.empty() && opt.reasoning_effort != "max" && opt.reasoning_effort != "high")
+  if (!valid_reasoning_effort(opt.reasoning_effort))
     throw Error("chat: reasoning_effort: invalid value '" + opt.reasoning_effort +
                 "' (valid: \"\", \"high\", \"max\")");
 

@@ -90,6 +90,9 @@ struct ChatOptions {
 
 // The exact prompt text. Throws dsv4::Error for invalid messages (unknown role, bad content,
 // bad tool_calls, bad task, ...), naming the message index and the field.
+// Whether `e` is a ChatOptions::reasoning_effort the encoder accepts ("", "high", "max").
+bool valid_reasoning_effort(const std::string& e);
+
 std::string render_chat(const nlohmann::ordered_json& messages, const ChatOptions& opt = {});
 std::string render_chat(const nlohmann::json& messages, const ChatOptions& opt = {});
 
