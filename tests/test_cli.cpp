@@ -179,8 +179,12 @@ TEST(Cli, BadUsage) {
   EXPECT_NE(load.err.find("--load"), std::string::npos) << load.err;
   expect_one_line_error(dsv4_run("score --model /nonexistent/dir --tokens 1 --out " + out), {"/nonexistent/dir"});
   // The text commands look for the tokenizer in --model first: a wrong --model is named as such.
-  for (const char* cmd : {"generate --prompt hi", "chat", "serve"})
+  for (const char* cmd : {"generate --prompt hi", "chat"})
     expect_one_line_error(dsv4_run(std::string(cmd) + " --model /nonexistent/dir </dev/null"), {"/nonexistent/dir", "no config.json"});
+  // serve listens before it loads (/health says "loading"), so its error follows that line.
+  const CliRun serve = dsv4_run("serve --port 0 --model /nonexistent/dir");
+  EXPECT_EQ(serve.status, 1) << serve.err;
+  EXPECT_NE(serve.err.find("dsv4: error: /nonexistent/dir: no config.json"), std::string::npos) << serve.err;
   // bench names it before measuring the machine's limits (its one line is the only one).
   expect_one_line_error(dsv4_run("bench --model /nonexistent/dir"), {"/nonexistent/dir", "no config.json"});
   // A model directory without its tokenizer is told to pass one.
@@ -207,7 +211,23 @@ TEST(Cli, TextCommandsCheckOptionsBeforeLoading) {
     EXPECT_EQ(r.status, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
   }
-  // Without a usage error the load is what fails.
+  // Without a usage error, the tokenizer is checked against config.json before the weights are
+  // read: this one has 129280 tokens, the model 1024, and that is what is said, not that the
+  // weights cannot load. So is a missing tokenizer. serve, which listened on a port and would
+  // have answered every request with a 400, exits too.
+  expect_one_line_error(dsv4_run("generate --prompt hi" + model), {"129280 tokens", "vocab_size is 1024", "config.json"});
+  expect_one_line_error(dsv4_run("chat --model " + dir + " </dev/null"), {"no tokenizer.json", "--tokenizer"});
+  const CliRun serve = dsv4_run("serve --port 0" + model);
+  EXPECT_EQ(serve.status, 1) << serve.err;
+  EXPECT_NE(serve.err.find("dsv4: error: tokenizer "), std::string::npos) << serve.err;
+  EXPECT_NE(serve.err.find("vocab_size is 1024"), std::string::npos) << serve.err;
+  // With a tokenizer that fits, the weights' load is what fails.
+  std::ifstream in(dir + "/config.json");
+  std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = cfg.find("\"vocab_size\": 1024");
+  ASSERT_NE(at, std::string::npos);
+  cfg.replace(at, 18, "\"vocab_size\": 129280");
+  std::ofstream(dir + "/config.json") << cfg;
   expect_one_line_error(dsv4_run("generate --prompt hi" + model), {"model.safetensors"});
 }
 

@@ -2,7 +2,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -25,33 +24,12 @@ EngineOptions engine_options(const Args& a, int64_t context) {
   eo.context = context;
   eo.memory_budget = memory_budget_option(a);
   eo.parallel = parallel_option(a);
-  const std::string tdir = a.str("tokenizer", eo.model_dir);
-  const std::filesystem::path tp(tdir);
-  if (std::filesystem::is_regular_file(tp)) {
-    eo.tokenizer = tdir;
-  } else if (std::filesystem::exists(tp / "tokenizer.json")) {
-    eo.tokenizer = (tp / "tokenizer.json").string();
-  } else if (!a.has("tokenizer") && !std::filesystem::exists(tp / "config.json")) {
-    // The tokenizer was looked for in --model, which is no model directory at all: say that
-    // (as the model's loading would, only later), not that the tokenizer is missing.
-    throw Error(tdir + ": no config.json (is this a model directory?)");
-  } else {
-    throw Error("no tokenizer.json in " + tdir + " (pass --tokenizer DIR)");
-  }
+  eo.tokenizer = a.str("tokenizer", "");
+  eo.require_tokenizer = true;  // the Engine checks it, and that it fits the model, before the weights
   return eo;
 }
 
 namespace {
-
-// The engine (model + tokenizer) on the device --device names. On cuda the sequence caches are
-// sized for the context limit, so an unset --context becomes min(max positions, 8192) there.
-std::unique_ptr<Engine> load_engine(const EngineOptions& eo) {
-  auto e = std::make_unique<Engine>(eo);
-  if (e->tokenizer().vocab_size() > e->info().vocab)
-    throw Error("tokenizer " + eo.tokenizer + " has " + std::to_string(e->tokenizer().vocab_size()) +
-                " tokens but the model's vocab_size is " + std::to_string(e->info().vocab));
-  return e;
-}
 
 // A JSON schema file, for --json-schema.
 nlohmann::ordered_json read_schema(const std::string& path) {
@@ -187,7 +165,7 @@ int cmd_generate(const Args& a) {
   const std::string schema_file = a.str("json-schema", "");
   const EngineOptions eo = engine_options(a, opt.context_limit);
   a.check_all_used();
-  std::unique_ptr<Engine> E = load_engine(eo);
+  std::unique_ptr<Engine> E = std::make_unique<Engine>(eo);
   const Tokenizer& tok = E->tokenizer();
 
   std::vector<int32_t> ids;
@@ -228,7 +206,7 @@ int cmd_chat(const Args& a) {
   const std::string schema_file = a.str("json-schema", "");
   const EngineOptions eo = engine_options(a, opt.context_limit);
   a.check_all_used();
-  std::unique_ptr<Engine> E = load_engine(eo);
+  std::unique_ptr<Engine> E = std::make_unique<Engine>(eo);
   const Tokenizer& tok = E->tokenizer();
 
   nlohmann::ordered_json msgs = nlohmann::ordered_json::array();

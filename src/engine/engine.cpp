@@ -164,6 +164,29 @@ static LoadMode to_load_mode(WeightLoad w) {
   return w == WeightLoad::Mmap ? LoadMode::Mmap : w == WeightLoad::Read ? LoadMode::Read : LoadMode::Auto;
 }
 
+// The tokenizer (EngineOptions::tokenizer, else the model directory's tokenizer.json when there
+// is one), read after config.json and before the weights: when text goes in (require_tokenizer),
+// a missing one, or one whose ids the model does not have, is refused in a second, not after
+// minutes of loading (and not as a 400 on every request of a server).
+static std::unique_ptr<Tokenizer> load_fitting_tokenizer(const EngineOptions& o) {
+  const int64_t vocab = o.require_tokenizer ? load_model_config(o.model_dir).vocab : 0;
+  std::string path = o.tokenizer;
+  if (path.empty()) {
+    struct stat sb;
+    const std::string p = o.model_dir + "/tokenizer.json";
+    if (::stat(p.c_str(), &sb) == 0) path = p;
+  }
+  if (path.empty()) {
+    if (o.require_tokenizer) throw Error("no tokenizer.json in " + o.model_dir + " (pass --tokenizer DIR)");
+    return nullptr;
+  }
+  auto tok = std::make_unique<Tokenizer>(Tokenizer::load(path));
+  if (o.require_tokenizer && tok->vocab_size() > vocab)
+    throw Error("tokenizer " + path + " has " + std::to_string(tok->vocab_size()) + " tokens but the model's vocab_size is " +
+                std::to_string(vocab) + " (" + o.model_dir + "/config.json): they do not belong together");
+  return tok;
+}
+
 // ---- Engine -------------------------------------------------------------------------------
 
 Engine::Engine(const EngineOptions& o) {
@@ -193,9 +216,11 @@ Engine::Engine(const EngineOptions& o) {
   // checkpoint, before any of them goes on (a rank that failed alone would leave the others
   // waiting in the first collective).
   ModelWeights w;
+  std::unique_ptr<Tokenizer> tokenizer;
   std::exception_ptr failed;
   try {
     set_threads(o.threads);
+    if (rank == 0) tokenizer = load_fitting_tokenizer(o);  // the followers need none: rank 0 owns the text
     w = load_model(o.model_dir, to_load_mode(o.load), share);
   } catch (...) {
     failed = std::current_exception();
@@ -270,23 +295,7 @@ Engine::Engine(const EngineOptions& o) {
     model_ = std::make_unique<Model>(std::move(w), [&](const ModelWeights& mw) { return make_cuda_backend(mw, co); });
 #endif
   }
-  std::string tok = o.tokenizer;
-  if (tok.empty() && rank == 0) {
-    struct stat sb;
-    const std::string p = o.model_dir + "/tokenizer.json";
-    if (::stat(p.c_str(), &sb) == 0) tok = p;
-  }
-  // The followers need no tokenizer (rank 0 owns the text). A failure here leaves the followers
-  // holding an engine: they are told it ended.
-  try {
-    if (!tok.empty() && rank == 0) tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(tok));
-  } catch (...) {
-    if (lockstep_ && lockstep_->leader) {
-      Msg m(Cmd::EndEngine);
-      lockstep_->send(m);
-    }
-    throw;
-  }
+  tokenizer_ = std::move(tokenizer);
   budget_ = std::make_shared<Budget>();
   if (o.memory_budget == kAutoMemoryBudget) {
     budget_->limit = static_cast<int64_t>(static_cast<double>(available_memory_bytes()) * 0.9);

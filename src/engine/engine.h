@@ -53,7 +53,11 @@ struct EngineOptions {
   Device device = Device::Cpu;
   int threads = 0;          // CPU threads (0 = all cores)
   int64_t context = 0;      // positions a sequence may hold (0 = the model's max_position_embeddings)
-  std::string tokenizer{};  // tokenizer.json ("" = <model_dir>/tokenizer.json when present)
+  std::string tokenizer{};  // tokenizer.json or its directory ("" = <model_dir>/tokenizer.json when present)
+  // For apps that encode text with the tokenizer: it must be there and its ids must be inputs the
+  // model has (vocab_size), both checked before the weights load. Without it a larger tokenizer
+  // is accepted (the tiny test models take ids, and decode theirs with the real tokenizer).
+  bool require_tokenizer = false;
   // Bytes the sequences' caches may reserve together (see SequenceOptions::max_positions):
   // 0 = no limit, kAutoMemoryBudget = 90% of the memory available once the weights are loaded.
   // Applies to the CPU backend's host caches (the CUDA backend sizes its device caches at load).

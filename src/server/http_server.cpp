@@ -494,8 +494,9 @@ void HttpServer::run(const std::function<void(int)>& ready, const std::function<
   });
   try {
     if (listening) listening(port);
-    m.engine = std::make_unique<Engine>(m.engine_opt);
-    if (!m.engine->has_tokenizer()) throw Error(m.engine_opt.model_dir + " has no tokenizer.json: the server needs one");
+    EngineOptions eo = m.engine_opt;
+    eo.require_tokenizer = true;  // text in and out: there and fitting the model, before the weights load
+    m.engine = std::make_unique<Engine>(eo);
     m.sched = std::make_unique<Scheduler>(*m.engine, m.opt.scheduler, m.metrics);
   } catch (...) {
     m.end_listener(listener);
