@@ -31,14 +31,34 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-static void run_range(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int id, int parts) {
-  int64_t b = n * id / parts, e = n * (id + 1) / parts;
+// The claim word: generation << 32 | per-thread flag << 31 | ranges << 16 | next range.
+static constexpr uint64_t kPerThreadBit = uint64_t{1} << 31;
+static constexpr int kMaxRanges = (1 << 15) - 1;
+static uint32_t claim_gen(uint64_t c) { return static_cast<uint32_t>(c >> 32); }
+static int claim_ranges(uint64_t c) { return static_cast<int>((c >> 16) & 0x7fff); }
+static int claim_next(uint64_t c) { return static_cast<int>(c & 0xffff); }
+
+static void run_range(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int64_t i, int64_t parts) {
+  const int64_t b = n * i / parts, e = n * (i + 1) / parts;
   if (b < e) fn(b, e);
 }
 
-static void run_chunks(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int64_t chunks,
-                       std::atomic<int64_t>& next) {
-  for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) fn(n * c / chunks, n * (c + 1) / chunks);
+void ThreadPool::take_ranges(uint64_t c) {
+  for (const uint32_t gen = claim_gen(c); claim_gen(c) == gen;) {
+    const int parts = claim_ranges(c), i = claim_next(c);
+    if (i >= parts) return;
+    // Read before the claim; they belong to c's job if the claim succeeds: that job cannot end,
+    // and the next one cannot be published, before range i has been claimed.
+    const auto* fn = job_.load(std::memory_order_relaxed);
+    const int64_t n = n_.load(std::memory_order_relaxed);
+    if (claim_.compare_exchange_weak(c, c + 1, std::memory_order_acquire, std::memory_order_acquire)) {
+      run_range(*fn, n, i, parts);
+      done_.fetch_add(1, std::memory_order_release);
+      c += 1;
+    }
+    // On failure c holds the current word: another range of this job, or a later job (its
+    // generation differs: the caller's loop takes that one up).
+  }
 }
 
 void ThreadPool::worker(int id) {
@@ -65,39 +85,48 @@ void ThreadPool::worker(int id) {
     }
     if (stop_.load()) return;
     seen = g;
-    if (chunks_ > 0) {
-      run_chunks(*job_, n_, chunks_, next_);
+    // The newest job (jobs published while this worker was not running ended without it).
+    const uint64_t c = claim_.load(std::memory_order_acquire);
+    if (c & kPerThreadBit) {
+      // Its range is this worker's own, so the job cannot end (nor its fields change) before it.
+      run_range(*job_.load(std::memory_order_relaxed), n_.load(std::memory_order_relaxed), id, claim_ranges(c));
+      done_.fetch_add(1, std::memory_order_release);
     } else {
-      run_range(*job_, n_, id, size());
+      take_ranges(c);
     }
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int chunks_per_thread) {
   if (n <= 0) return;
-  if (workers_.empty() || n == 1) {
+  const bool per_thread = chunks_per_thread == kOnePerThread;
+  if (workers_.empty() || (n == 1 && !per_thread)) {
     fn(0, n);
     return;
   }
-  job_ = &fn;
-  n_ = n;
-  chunks_ = chunks_per_thread > 1 ? std::min<int64_t>(n, int64_t{size()} * chunks_per_thread) : 0;
-  next_.store(0, std::memory_order_relaxed);
-  pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-  generation_.fetch_add(1);  // seq_cst: ordered before the sleepers_ load below
+  const int parts = per_thread ? size()
+                               : static_cast<int>(std::min<int64_t>({n, int64_t{size()} * std::max(chunks_per_thread, 1), kMaxRanges}));
+  // The previous job has ended (its ranges all done, waited for below): nobody reads these now.
+  job_.store(&fn, std::memory_order_relaxed);
+  n_.store(n, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  const uint64_t gen = generation_.load(std::memory_order_relaxed) + 1;
+  const uint64_t c = (gen & 0xffffffffu) << 32 | (per_thread ? kPerThreadBit : 0) | static_cast<uint64_t>(parts) << 16;
+  claim_.store(c, std::memory_order_release);
+  generation_.store(gen);  // seq_cst: ordered before the sleepers_ load below
   // A worker counts itself in sleepers_ under mu_ before it re-checks generation_, so taking
   // mu_ here means it either saw the new generation or is waiting and gets this notify.
   if (sleepers_.load() > 0) {
     { std::lock_guard<std::mutex> lk(mu_); }
     wake_.notify_all();
   }
-  if (chunks_ > 0) {
-    run_chunks(fn, n, chunks_, next_);
+  if (per_thread) {
+    run_range(fn, n, 0, parts);
+    done_.fetch_add(1, std::memory_order_release);
   } else {
-    run_range(fn, n, 0, size());
+    take_ranges(c);
   }
-  for (int k = 1; pending_.load(std::memory_order_acquire) != 0; ++k) {
+  for (int k = 1; done_.load(std::memory_order_acquire) != parts; ++k) {
     cpu_relax();
     if (k > kPureSpin) std::this_thread::yield();  // a worker may be waiting for this core
   }
