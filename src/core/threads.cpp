@@ -62,31 +62,31 @@ void ThreadPool::take_ranges(uint64_t c) {
 }
 
 void ThreadPool::worker(int id) {
-  uint64_t seen = 0;
+  uint32_t seen = 0;  // the generation of the last job this worker looked at
   for (;;) {
     // Spin (reading only) for kSpin, checking the clock every 256 pauses, then sleep. Past the
     // first kPureSpin pauses each round also yields, so that on a machine shared with other
     // work the spinning does not keep those processes (or our own threads) off the core.
-    uint64_t g = generation_.load(std::memory_order_acquire);
-    if (g == seen) {
+    uint64_t c = claim_.load(std::memory_order_acquire);
+    if (claim_gen(c) == seen) {
       auto t0 = std::chrono::steady_clock::now();
-      for (int k = 1; (g = generation_.load(std::memory_order_acquire)) == seen && !stop_.load(); ++k) {
+      for (int k = 1; claim_gen(c = claim_.load(std::memory_order_acquire)) == seen && !stop_.load(); ++k) {
         cpu_relax();
         if (k > kPureSpin) std::this_thread::yield();
         if ((k & 255) == 0 && std::chrono::steady_clock::now() - t0 > kSpin) break;
       }
-      if (g == seen && !stop_.load()) {
+      if (claim_gen(c) == seen && !stop_.load()) {
         std::unique_lock<std::mutex> lk(mu_);
         sleepers_.fetch_add(1);
-        wake_.wait(lk, [&] { return stop_.load() || generation_.load() != seen; });
+        wake_.wait(lk, [&] { return stop_.load() || claim_gen(claim_.load()) != seen; });
         sleepers_.fetch_sub(1);
-        g = generation_.load(std::memory_order_acquire);
+        c = claim_.load(std::memory_order_acquire);
       }
     }
     if (stop_.load()) return;
-    seen = g;
-    // The newest job (jobs published while this worker was not running ended without it).
-    const uint64_t c = claim_.load(std::memory_order_acquire);
+    // The newest job (jobs published while this worker was not running ended without it); it
+    // is looked at once, so a kOnePerThread range runs once.
+    seen = claim_gen(c);
     if (c & kPerThreadBit) {
       // Its range is this worker's own, so the job cannot end (nor its fields change) before it.
       run_range(*job_.load(std::memory_order_relaxed), n_.load(std::memory_order_relaxed), id, claim_ranges(c));
@@ -110,11 +110,10 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   job_.store(&fn, std::memory_order_relaxed);
   n_.store(n, std::memory_order_relaxed);
   done_.store(0, std::memory_order_relaxed);
-  const uint64_t gen = generation_.load(std::memory_order_relaxed) + 1;
-  const uint64_t c = (gen & 0xffffffffu) << 32 | (per_thread ? kPerThreadBit : 0) | static_cast<uint64_t>(parts) << 16;
-  claim_.store(c, std::memory_order_release);
-  generation_.store(gen);  // seq_cst: ordered before the sleepers_ load below
-  // A worker counts itself in sleepers_ under mu_ before it re-checks generation_, so taking
+  if (++generation_ == 0) ++generation_;  // 0 is the workers' "none seen yet"
+  const uint64_t c = uint64_t{generation_} << 32 | (per_thread ? kPerThreadBit : 0) | static_cast<uint64_t>(parts) << 16;
+  claim_.store(c);  // seq_cst: ordered before the sleepers_ load below
+  // A worker counts itself in sleepers_ under mu_ before it re-checks claim_, so taking
   // mu_ here means it either saw the new generation or is waiting and gets this notify.
   if (sleepers_.load() > 0) {
     { std::lock_guard<std::mutex> lk(mu_); }

@@ -37,16 +37,16 @@ class ThreadPool {
   // Runs the ranges of the job published in claim word c that are still unclaimed.
   void take_ranges(uint64_t c);
   std::vector<std::thread> workers_;
-  // A job: job_ and n_, then claim_ (release), then generation_ (what idle workers watch).
-  // claim_ packs the job's generation (32 bits), whether it is kOnePerThread (1), its number of
-  // ranges (15) and the next unclaimed range (16). A range is claimed by a CAS that keeps the
-  // generation, so a worker that wakes late, after its job was finished without it, cannot take
-  // a range of the next one with the old job's fields. done_ counts finished ranges.
+  // A job: job_ and n_, then claim_, which idle workers watch. claim_ packs the job's
+  // generation (32 bits), whether it is kOnePerThread (1), its number of ranges (15) and the
+  // next unclaimed range (16). A range is claimed by a CAS that keeps the generation, so a worker
+  // that wakes late, after its job was finished without it, cannot take a range of the next one
+  // with the old job's fields. done_ counts finished ranges.
   std::atomic<const std::function<void(int64_t, int64_t)>*> job_{nullptr};
   std::atomic<int64_t> n_{0};
   std::atomic<uint64_t> claim_{0};
   std::atomic<int> done_{0};
-  std::atomic<uint64_t> generation_{0};
+  uint32_t generation_ = 0;  // the last job's (only the caller of parallel_for touches it)
   std::atomic<bool> stop_{false};
   // Sleeping: workers that spun out wait on wake_; the publisher notifies when sleepers_ > 0.
   std::mutex mu_;
