@@ -169,7 +169,7 @@ static LoadMode to_load_mode(WeightLoad w) {
 // a missing one, or one whose ids the model does not have, is refused in a second, not after
 // minutes of loading (and not as a 400 on every request of a server).
 static std::unique_ptr<Tokenizer> load_fitting_tokenizer(const EngineOptions& o) {
-  const int64_t vocab = o.require_tokenizer ? load_model_config(o.model_dir).vocab : 0;
+  const int64_t vocab = load_model_config(o.model_dir).vocab;  // also: a wrong --model is named first
   std::string path = o.tokenizer;
   if (path.empty()) {
     struct stat sb;
