@@ -140,13 +140,15 @@ int fused_max_zen4(WFormat f) {
     default: return kDefaultFusedMaxT512;  // F32 and F16: not measured
   }
 }
-// AMD family 0x19 with AVX-512 is Zen 4 (Zen 3, the same family, has no AVX-512).
-bool is_zen4() {
+// The CPU family of an AMD CPU (0x19: Zen 3 and 4, 0x1A: Zen 5), 0 on any other vendor.
+unsigned amd_family() {
   unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__builtin_cpu_is("amd") || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+  if (!__builtin_cpu_is("amd") || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
   const unsigned base = (a >> 8) & 0xF, ext = (a >> 20) & 0xFF;
-  return (base == 0xF ? base + ext : base) == 0x19;
+  return base == 0xF ? base + ext : base;
 }
+// AMD family 0x19 with AVX-512 is Zen 4 (Zen 3, the same family, has no AVX-512).
+bool is_zen4() { return amd_family() == 0x19; }
 constexpr int kAuto = -1;
 constexpr int64_t kSwapMaxRows = 24;  // F32 weights this small swap operands at large T (qmatmul)
 std::atomic<int> g_override{-1};
@@ -267,6 +269,10 @@ bool many_fp8_subnormals(const QWeight& w, int64_t r0, int64_t r1) {
 }  // namespace
 
 bool fp8_via_f16(const QWeight& w, int64_t r0, int64_t r1) { return fp8_decode_for(w, r0, r1) == Fp8Decode::F16; }
+bool bf16_gemv_spread() {
+  static const bool zen5 = amd_family() >= 0x1A;
+  return zen5;
+}
 }  // namespace qmm
 
 Fp8Decode active_fp8_decode() {

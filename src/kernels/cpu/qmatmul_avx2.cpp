@@ -436,9 +436,10 @@ struct DecNV : DecBase, Fp4Bytes<1> {
 // NVFP4 2: with two chains per row (kSplit) 6 and 4 accumulators, more spill (session 25).
 // FP8 and MXFP4 take T >= 3 in 2 x 2 tiles (8 accumulators), not 1 x 4: on Zen 4, one thread,
 // FP8 +32-43%, MXFP4 +1-5% at T = 4 and +11-15% at T = 8 (session 25); NVFP4 level either way.
-template <int R_, int TTM_>
+template <int R_, int TTM_, bool Spread_ = false>
 struct Shape {
   static constexpr int R = R_, TTM = TTM_;
+  static constexpr bool kSpread = Spread_;
 };
 template <class D>
 struct FusedShapes {

@@ -382,9 +382,10 @@ struct DecNV : DecBase {
 // 4096x4096`, alternating: T = 8 BF16 +12-17%, MXFP4 +11-14% (which ran 2 x 4 before), FP8
 // level; T = 4 BF16 +20-30%, MXFP4 +11%; 3 x 8 and 6 x 4 were no better, 8 x 2 at T = 2 level;
 // with the prefetch into L2 8 x 2 pays at T = 2, see below).
-template <int R_, int TTM_>
+template <int R_, int TTM_, bool Spread_ = false>
 struct Shape {
   static constexpr int R = R_, TTM = TTM_;
+  static constexpr bool kSpread = Spread_;
 };
 // With the prefetch into L2 (session 10, alternating pairs): at T = 2, 8 rows for every format
 // but FP4, 4 for FP4 (8 x 2 over 4 x 2: BF16 +8-27%, FP8 +6-7%, MXFP4 -4% to +3%); from
@@ -402,9 +403,21 @@ constexpr bool kFp4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
 // (noisy); NVFP4 T = 8 +17%; BF16 T = 6 +7%, T = 8 level in L2 and +8% (all 8 pairs 1.04-1.27)
 // for the head's shape from DRAM; F16 +15%, F32 +4%. On AMD Zen 4 (session 9, x not pinned)
 // 3 x 8 was no better than 4 x 4. T = 3-4 keep 4 x 4 (more rows per x load).
+// BF16 at T = 1 on AMD Zen 5 (family 26): 2 rows per tile, far apart (fused_range's Spread),
+// not 8 adjacent ones. Each thread then reads 2 streams, each a contiguous run of rows. On
+// session 45's EPYC (family 26 model 2, two threads, the head's shape from DRAM, alternating
+// pairs): +15% when the host's memory ran fast (probe ~84 GB/s: 67-68 against 57-60 GB/s) and
+// +27% when slow (~52: 46-47 against 37-38). Fewer streams read faster on that machine (a
+// load-only loop: 2-3 far streams per thread 74-75 GB/s, 8 of 64 bytes each in turn 60, 8
+// adjacent rows 36); 2 rows still give two FMA chains. 2 beat 3 and 4, and 1 row (one chain)
+// was level with 8 in fast minutes. Spread did not pay for 8-row tiles, nor at T >= 2, and the
+// FP8 and FP4 tiles need their 8 rows: their chains of 8 FMAs a group are latency-bound in 4
+// (docs/perf.md "Session 45"). Not measured on other CPUs, so they keep 8 adjacent rows.
 template <class D>
 struct FusedShapes {
   using S1 = Shape<8, 1>;
+  using S1Spread = std::conditional_t<std::is_same_v<D, DecBF16>, Shape<2, 1, true>, S1>;
+  static bool spread() { return std::is_same_v<D, DecBF16> && bf16_gemv_spread(); }
   using S2 = Shape<kFp4<D> ? 4 : 8, 2>;
   using S4 = Shape<std::is_same_v<D, DecBF16> ? 6 : 4, 4>;
   using SN = Shape<3, 8>;
