@@ -269,7 +269,7 @@ bool many_fp8_subnormals(const QWeight& w, int64_t r0, int64_t r1) {
 }  // namespace
 
 bool fp8_via_f16(const QWeight& w, int64_t r0, int64_t r1) { return fp8_decode_for(w, r0, r1) == Fp8Decode::F16; }
-bool bf16_gemv_spread() {
+bool zen5_shapes() {
   static const bool zen5 = amd_family() >= 0x1A;
   return zen5;
 }

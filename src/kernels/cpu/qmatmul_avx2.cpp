@@ -449,6 +449,9 @@ struct FusedShapes {
   using S2 = Shape<2, 2>;
   using S4 = Shape<kMX || kFP8 ? 2 : 1, kMX || kFP8 ? 2 : 4>;
   using SN = S4;
+  static constexpr bool zen5() { return false; }  // no other shapes in AVX2 mode
+  using S1Zen5 = S1;
+  using SNZen5 = SN;
 };
 
 // GEMM path: register tile of 2 x 8 rows x 6 tokens (12 accumulators, 2 weight vectors and a

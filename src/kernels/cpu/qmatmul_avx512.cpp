@@ -403,24 +403,30 @@ constexpr bool kFp4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
 // (noisy); NVFP4 T = 8 +17%; BF16 T = 6 +7%, T = 8 level in L2 and +8% (all 8 pairs 1.04-1.27)
 // for the head's shape from DRAM; F16 +15%, F32 +4%. On AMD Zen 4 (session 9, x not pinned)
 // 3 x 8 was no better than 4 x 4. T = 3-4 keep 4 x 4 (more rows per x load).
-// BF16 at T = 1 on AMD Zen 5 (family 26): 2 rows per tile, far apart (fused_range's Spread),
-// not 8 adjacent ones. Each thread then reads 2 streams, each a contiguous run of rows. On
-// session 45's EPYC (family 26 model 2, two threads, the head's shape from DRAM, alternating
-// pairs): +15% when the host's memory ran fast (probe ~84 GB/s: 67-68 against 57-60 GB/s) and
-// +27% when slow (~52: 46-47 against 37-38). Fewer streams read faster on that machine (a
-// load-only loop: 2-3 far streams per thread 74-75 GB/s, 8 of 64 bytes each in turn 60, 8
-// adjacent rows 36); 2 rows still give two FMA chains. 2 beat 3 and 4, and 1 row (one chain)
-// was level with 8 in fast minutes. Spread did not pay for 8-row tiles, nor at T >= 2, and the
-// FP8 and FP4 tiles need their 8 rows: their chains of 8 FMAs a group are latency-bound in 4
-// (docs/perf.md "Session 45"). Not measured on other CPUs, so they keep 8 adjacent rows.
+// On AMD Zen 5 (family 26; FusedShapes::zen5(), at run time) two shapes differ. Session
+// 45's EPYC (family 26 model 2), two threads, from DRAM, alternating pairs (docs/perf.md
+// "Session 45"); not measured on other CPUs, which keep the shapes above.
+// - BF16 at T = 1: 2 rows per tile, far apart (fused_range's Spread), not 8 adjacent ones: each
+//   thread reads 2 long streams. The head's shape +15% when the host's memory ran fast (probe
+//   ~84 GB/s: 67-68 against 57-60 GB/s) and +27% when slow (~52: 46-47 against 37-38). A
+//   load-only loop read 2-3 far streams per thread at 74-75 GB/s, 8 streams 64 bytes each in
+//   turn at 60, 8 adjacent rows at 36. 2 rows beat 3 and 4; 1 row (one FMA chain) was level with
+//   8 in fast minutes. Spread 8-row tiles gained 5% at most, and nothing at T >= 2. FP8 and MXFP4
+//   in spread tiles of 4 rows: +8-18% in slow minutes, -16-20% in fast ones (FP8's spread
+//   streams end at every 128-row scale block), so they keep 8 adjacent rows.
+// - T >= 5: BF16 and FP8 in 6 x 4 tiles (the head at T = 5 / 6 / 8 / 16: +6 / +13 / +11 / +8%;
+//   FP8 4096x4096 at T = 8 +8%), MXFP4 and NVFP4 in 4 x 4 (MXFP4 at T = 8 +7%, 6 x 4 -5%). 3 x 8
+//   was chosen on an Intel Xeon (session 20); here 2 x 8 and 3 x 8 with a 4 KiB prefetch were
+//   level or worse for BF16, 4 x 4 -8% and 8 x 3 -20% against 6 x 4.
 template <class D>
 struct FusedShapes {
   using S1 = Shape<8, 1>;
-  using S1Spread = std::conditional_t<std::is_same_v<D, DecBF16>, Shape<2, 1, true>, S1>;
-  static bool spread() { return std::is_same_v<D, DecBF16> && bf16_gemv_spread(); }
   using S2 = Shape<kFp4<D> ? 4 : 8, 2>;
   using S4 = Shape<std::is_same_v<D, DecBF16> ? 6 : 4, 4>;
   using SN = Shape<3, 8>;
+  static bool zen5() { return zen5_shapes(); }
+  using S1Zen5 = std::conditional_t<std::is_same_v<D, DecBF16>, Shape<2, 1, true>, S1>;
+  using SNZen5 = Shape<kFp4<D> ? 4 : 6, 4>;
 };
 
 // GEMM path: register tile of 2 x 16 rows x 12 tokens (24 accumulators, 2 weight vectors and a

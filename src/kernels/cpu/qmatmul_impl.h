@@ -21,9 +21,9 @@ void run_avx512(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_
 // (fp8_decode_for in qmatmul.h).
 bool fp8_via_f16(const QWeight& w, int64_t r0, int64_t r1);
 
-// Whether the AVX-512 BF16 GEMV (T = 1) takes tiles of 2 rows far apart rather than 8 adjacent
-// ones: on AMD Zen 5 and later (qmatmul_avx512.cpp, FusedShapes).
-bool bf16_gemv_spread();
+// Whether the AVX-512 fused tiles take the shapes measured on AMD Zen 5 (family 0x1A and later;
+// qmatmul_avx512.cpp, FusedShapes).
+bool zen5_shapes();
 
 // Of the packed tokens a fused tile multiplies: every nonzero x is a multiple of 2^lsb, every
 // |x| is below 2^emax, every token's sum of |x| is below 2^sum_exp (1000: not finite). Decides
