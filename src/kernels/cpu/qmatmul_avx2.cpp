@@ -451,6 +451,7 @@ struct FusedShapes {
   using SN = S4;
   static constexpr bool zen5() { return false; }  // no other shapes in AVX2 mode
   using S1Zen5 = S1;
+  using S2Zen5 = S2;
   using SNZen5 = SN;
 };
 

@@ -403,7 +403,7 @@ constexpr bool kFp4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
 // (noisy); NVFP4 T = 8 +17%; BF16 T = 6 +7%, T = 8 level in L2 and +8% (all 8 pairs 1.04-1.27)
 // for the head's shape from DRAM; F16 +15%, F32 +4%. On AMD Zen 4 (session 9, x not pinned)
 // 3 x 8 was no better than 4 x 4. T = 3-4 keep 4 x 4 (more rows per x load).
-// On AMD Zen 5 (family 26; FusedShapes::zen5(), at run time) two shapes differ. Session
+// On AMD Zen 5 (family 26; FusedShapes::zen5(), at run time) three shapes differ. Session
 // 45's EPYC (family 26 model 2), two threads, from DRAM, alternating pairs (docs/perf.md
 // "Session 45"); not measured on other CPUs, which keep the shapes above.
 // - BF16 at T = 1: 2 rows per tile, far apart (fused_range's Spread), not 8 adjacent ones: each
@@ -418,6 +418,8 @@ constexpr bool kFp4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
 //   FP8 4096x4096 at T = 8 +8%), MXFP4 and NVFP4 in 4 x 4 (MXFP4 at T = 8 +7%, 6 x 4 -5%). 3 x 8
 //   was chosen on an Intel Xeon (session 20); here 2 x 8 and 3 x 8 with a 4 KiB prefetch were
 //   level or worse for BF16, 4 x 4 -8% and 8 x 3 -20% against 6 x 4.
+// - MXFP4 at T = 2 (the routed experts of a batched step): 6 x 2, not 4 x 2 (2048x4096 +15%,
+//   4096x2048 +7%; 8 x 2 +6%). NVFP4 in 6 x 2 -7%; MXFP4 at T = 3-4 in 6 x 4 -6 to -13%.
 template <class D>
 struct FusedShapes {
   using S1 = Shape<8, 1>;
@@ -426,6 +428,7 @@ struct FusedShapes {
   using SN = Shape<3, 8>;
   static bool zen5() { return zen5_shapes(); }
   using S1Zen5 = std::conditional_t<std::is_same_v<D, DecBF16>, Shape<2, 1, true>, S1>;
+  using S2Zen5 = std::conditional_t<std::is_same_v<D, DecMX>, Shape<6, 2>, S2>;
   using SNZen5 = Shape<kFp4<D> ? 4 : 6, 4>;
 };
 
