@@ -168,7 +168,7 @@ static LoadMode to_load_mode(WeightLoad w) {
 // is one), read after config.json and before the weights: when text goes in (require_tokenizer),
 // a missing one, or one whose ids the model does not have, is refused in a second, not after
 // minutes of loading (and not as a 400 on every request of a server).
-static std::unique_ptr<Tokenizer> load_fitting_tokenizer(const EngineOptions& o) {
+std::shared_ptr<Tokenizer> check_model_dir(const EngineOptions& o) {
   const int64_t vocab = load_model_config(o.model_dir).vocab;  // also: a wrong --model is named first
   std::string path = o.tokenizer;
   if (path.empty()) {
@@ -180,7 +180,7 @@ static std::unique_ptr<Tokenizer> load_fitting_tokenizer(const EngineOptions& o)
     if (o.require_tokenizer) throw Error("no tokenizer.json in " + o.model_dir + " (pass --tokenizer DIR)");
     return nullptr;
   }
-  auto tok = std::make_unique<Tokenizer>(Tokenizer::load(path));
+  auto tok = std::make_shared<Tokenizer>(Tokenizer::load(path));
   if (o.require_tokenizer && tok->vocab_size() > vocab)
     throw Error("tokenizer " + path + " has " + std::to_string(tok->vocab_size()) + " tokens but the model's vocab_size is " +
                 std::to_string(vocab) + " (" + o.model_dir + "/config.json): they do not belong together");
@@ -216,11 +216,12 @@ Engine::Engine(const EngineOptions& o) {
   // checkpoint, before any of them goes on (a rank that failed alone would leave the others
   // waiting in the first collective).
   ModelWeights w;
-  std::unique_ptr<Tokenizer> tokenizer;
+  std::shared_ptr<Tokenizer> tokenizer;
   std::exception_ptr failed;
   try {
     set_threads(o.threads);
-    if (rank == 0) tokenizer = load_fitting_tokenizer(o);  // the followers need none: rank 0 owns the text
+    // The followers need none: rank 0 owns the text.
+    if (rank == 0) tokenizer = o.checked_tokenizer ? o.checked_tokenizer : check_model_dir(o);
     w = load_model(o.model_dir, to_load_mode(o.load), share);
   } catch (...) {
     failed = std::current_exception();

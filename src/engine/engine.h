@@ -58,6 +58,9 @@ struct EngineOptions {
   // model has (vocab_size), both checked before the weights load. Without it a larger tokenizer
   // is accepted (the tiny test models take ids, and decode theirs with the real tokenizer).
   bool require_tokenizer = false;
+  // The tokenizer check_model_dir returned for these options: the Engine takes it instead of
+  // reading the file again (a real tokenizer.json takes ~0.5 s to parse). Rank 0's only.
+  std::shared_ptr<Tokenizer> checked_tokenizer{};
   // Bytes the sequences' caches may reserve together (see SequenceOptions::max_positions):
   // 0 = no limit, kAutoMemoryBudget = 90% of the memory available once the weights are loaded.
   // Applies to the CPU backend's host caches (the CUDA backend sizes its device caches at load).
@@ -259,7 +262,7 @@ class Engine {
   Sequence continue_from(const From& f, const char* what, const char* noun, int cmd, int64_t max_positions);
 
   std::unique_ptr<Model> model_;
-  std::unique_ptr<Tokenizer> tokenizer_;
+  std::shared_ptr<Tokenizer> tokenizer_;
   ModelInfo info_;
   std::shared_ptr<Budget> budget_;
   std::shared_ptr<Lockstep> lockstep_;  // parallel runs
@@ -272,5 +275,12 @@ Device parse_device(const std::string& s);           // "cpu" | "cuda"; throws E
 Parallel parse_parallel(const std::string& s);       // "none" | "ep" | "tp" | "ep+tp"; throws Error
 // Whether this build can run on `d` here; when not, `why` says why.
 bool device_usable(Device d, std::string* why);
+
+// What the Engine's constructor reads and checks before the weights, alone: config.json, then
+// the tokenizer (with require_tokenizer's checks), throwing the same errors. For apps that must
+// refuse a wrong --model or tokenizer before anything else (dsv4 serve, before it listens).
+// Returns the tokenizer (nullptr when there is none and none is required), to be handed to the
+// Engine as EngineOptions::checked_tokenizer.
+std::shared_ptr<Tokenizer> check_model_dir(const EngineOptions& o);
 
 }  // namespace dsv4

@@ -467,6 +467,11 @@ void HttpServer::stop() {
 
 void HttpServer::run(const std::function<void(int)>& ready, const std::function<void(int)>& listening) {
   Impl& m = *impl_;
+  // A wrong --model or tokenizer is refused before the port opens, in a second (the weights
+  // load while /health says "loading"). Text in and out: the tokenizer must be there and fit.
+  EngineOptions eo = m.engine_opt;
+  eo.require_tokenizer = true;
+  eo.checked_tokenizer = check_model_dir(eo);
   m.setup();
   int port = m.opt.port;
   if (port == 0) {
@@ -494,8 +499,6 @@ void HttpServer::run(const std::function<void(int)>& ready, const std::function<
   });
   try {
     if (listening) listening(port);
-    EngineOptions eo = m.engine_opt;
-    eo.require_tokenizer = true;  // text in and out: there and fitting the model, before the weights load
     m.engine = std::make_unique<Engine>(eo);
     m.sched = std::make_unique<Scheduler>(*m.engine, m.opt.scheduler, m.metrics);
   } catch (...) {
