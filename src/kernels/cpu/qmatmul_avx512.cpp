@@ -222,16 +222,6 @@ struct DecFP8 : DecFP8T<false> {
   using Wide = DecFP8T<true>;
   using DecFP8T::DecFP8T;
 };
-// The same decode with the block scale on the weights (kRowScales: prep(r) gives the scales of
-// row r's block, and each weight vector is multiplied by its group's), not on x: for tiles whose
-// rows lie in different 128-row blocks (Zen 5's spread T = 1 tiles, FusedShapes). w * 2^-120
-// times 2^(b - 7) is e4m3 * 2^(b - 127) exactly (at least 2^-136 with 4 significant bits), the
-// weight the GEMM path builds too, so every product and sum is the same; fp8_fast_ok still
-// bounds the scales (and x, which this path does not need).
-struct DecFP8R : DecFP8 {
-  static constexpr bool kRowScales = true, kBlockScales = true;
-  using DecFP8::DecFP8;
-};
 
 // E4M3 through F16 (Intel cores, for weights with many E4M3 subnormals: fp8_decode_for in
 // qmatmul.h): the sign-extended byte shifted left by 7 puts exponent and mantissa in F16 bits
@@ -437,8 +427,7 @@ struct FusedShapes {
   using S4 = Shape<std::is_same_v<D, DecBF16> ? 6 : 4, 4>;
   using SN = Shape<3, 8>;
   static bool zen5() { return zen5_shapes(); }
-  using S1Zen5 = std::conditional_t<std::is_same_v<D, DecBF16>, Shape<2, 1, true>,
-                                    std::conditional_t<std::is_same_v<D, DecFP8R>, Shape<4, 1, true>, S1>>;
+  using S1Zen5 = std::conditional_t<std::is_same_v<D, DecBF16>, Shape<2, 1, true>, S1>;
   using S2Zen5 = std::conditional_t<std::is_same_v<D, DecMX>, Shape<6, 2>, S2>;
   using SNZen5 = Shape<kFp4<D> ? 4 : 6, 4>;
 };
@@ -456,7 +445,6 @@ struct GemmShape {
 void run_avx512(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
                 int64_t ldy, int fused_max_t) {
   if (w.fmt == WFormat::FP8Block && fp8_via_f16(w, r0, r1)) return run_any<DecF32, DecBF16, DecF16, DecFP8H, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
-  if (w.fmt == WFormat::FP8Block && T == 1 && zen5_shapes()) return run_any<DecF32, DecBF16, DecF16, DecFP8R, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
   run_any<DecF32, DecBF16, DecF16, DecFP8, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
 }
 
