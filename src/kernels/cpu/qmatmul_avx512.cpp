@@ -413,7 +413,9 @@ constexpr bool kFp4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
 //   turn at 60, 8 adjacent rows at 36. 2 rows beat 3 and 4; 1 row (one FMA chain) was level with
 //   8 in fast minutes. Spread 8-row tiles gained 5% at most, and nothing at T >= 2. FP8 and MXFP4
 //   in spread tiles of 4 rows: +8-18% in slow minutes, -16-20% in fast ones (FP8's spread
-//   streams end at every 128-row scale block), so they keep 8 adjacent rows.
+//   streams end at every 128-row scale block), so they keep 8 adjacent rows. FP8 spread across
+//   the blocks, with the block scale on the weights (exact, as the GEMM path): +11-27% slow,
+//   -17 to +17% fast and decode -1 to -10% there; reverted (perf.md "Session 45").
 // - T >= 5: BF16 and FP8 in 6 x 4 tiles (the head at T = 5 / 6 / 8 / 16: +6 / +13 / +11 / +8%;
 //   FP8 4096x4096 at T = 8 +8%), MXFP4 and NVFP4 in 4 x 4 (MXFP4 at T = 8 +7%, 6 x 4 -5%). 3 x 8
 //   was chosen on an Intel Xeon (session 20); here 2 x 8 and 3 x 8 with a 4 KiB prefetch were
