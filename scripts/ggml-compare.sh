@@ -10,7 +10,12 @@
 # Environment:
 #   THREADS=2          threads on both sides
 #   REPS=5             passes per measurement; a round's figure is the best pass
-#   GIB=1              weights per shape and side, cycled (one matrix if one is larger)
+#   GIB=1              weights per shape and side, cycled (one matrix if one is larger). A comma
+#                      list (e.g. 1,0.7,0.45) is taken in turn, round by round, the same for both
+#                      sides: each size puts the weights in other physical pages. On session 46's
+#                      VM (AMD Zen 5) a GEMV's speed depended on that placement by up to 50% on
+#                      either side (steady within one run, different at another size; docs/perf.md
+#                      "Session 46"), so a single size measures one placement.
 #   JOBS=$(nproc)      build parallelism
 #   DSV4_BUILD_DIR     our build (default build/; configured and qmatmul_bench built if needed)
 #   GGML_BUILD_DIR     ggml's build (default build-ggml/, git-ignored); ggml is configured with its
@@ -42,6 +47,10 @@ ROUNDS=${2:-3}
 THREADS=${THREADS:-2}
 REPS=${REPS:-5}
 GIB=${GIB:-1}
+IFS=, read -r -a GIBS <<<"$GIB"
+for g in "${GIBS[@]}"; do
+  [[ "$g" =~ ^[0-9]*\.?[0-9]+$ ]] || { echo "GIB must be a number or a comma list of numbers, not '$GIB'" >&2; exit 2; }
+done
 JOBS=${JOBS:-$(nproc)}
 DSV4_BUILD_DIR=${DSV4_BUILD_DIR:-$REPO/build}
 GGML_BUILD_DIR_SET=${GGML_BUILD_DIR:-}
@@ -110,14 +119,14 @@ LOG=$GGML_BUILD_DIR/ggml-compare.log
 
 ours() {  # shape format -> GB/s (best pass)
   local line
-  line=$("$OURS" "${OUR_ISA[@]}" --only gemv --shape "$1" --format "$2" --no-probe --threads "$THREADS" --reps "$REPS" --gib "$GIB" |
+  line=$("$OURS" "${OUR_ISA[@]}" --only gemv --shape "$1" --format "$2" --no-probe --threads "$THREADS" --reps "$REPS" --gib "$RGIB" |
     tee -a "$LOG" | awk -v f="$2" '$1 == f { print $4 }')
   [[ -n "$line" ]] || { echo "qmatmul_bench gave no $2 row (see $LOG)" >&2; exit 1; }
   echo "$line"
 }
 theirs() {  # shape type -> "GB/s buffer-type" (best pass)
   local line
-  line=$("$DRIVER" --type "$2" --shape "$1" --threads "$THREADS" --reps "$REPS" --gib "$GIB" | tee -a "$LOG")
+  line=$("$DRIVER" --type "$2" --shape "$1" --threads "$THREADS" --reps "$REPS" --gib "$RGIB" | tee -a "$LOG")
   awk '{ for (i = 1; i <= NF; ++i) { split($i, kv, "="); v[kv[1]] = kv[2] } print v["best"], v["buft"] }' <<<"$line"
 }
 
@@ -130,7 +139,8 @@ echo "$START, CPU \"$CPU\", $THREADS threads, $ROUNDS rounds, load average $LOAD
 for ((r = 1; r <= ROUNDS; ++r)); do
   bw=$("$OURS" --only bw --threads "$THREADS" --reps "$REPS" | tee -a "$LOG" | awk '/read bandwidth/ { print $(NF-1) }')
   echo "$bw" >>"$OUT/bw"
-  echo "round $r: read bandwidth $bw GB/s" >&2
+  RGIB=${GIBS[$(((r - 1) % ${#GIBS[@]}))]}
+  echo "round $r: read bandwidth $bw GB/s; $RGIB GiB per shape and side" >&2
   for i in "${!SHAPES[@]}"; do
     read -r shape fmt type <<<"${SHAPES[$i]}"
     if ((r % 2)); then
@@ -153,7 +163,7 @@ mmm() { sort -g "$1" | awk -v d="${2:-2}" '{ v[NR] = $1 } END { printf "%.*f / %
 
 echo
 echo "ggml-compare: $START, CPU \"$CPU\", $THREADS threads, $ROUNDS rounds (best of $REPS passes each),"
-echo "~$GIB GiB of weights per shape and side; load average before: $LOAD0; after: $LOAD1"
+echo "~$GIB GiB of weights per shape and side (a list: by round); load average before: $LOAD0; after: $LOAD1"
 echo "ISA: $ISA; ggml: $GGML_SRC$GGML_REV, default CMake options${GGML_CMAKE_ARGS:+ + $GGML_CMAKE_ARGS}${OMP_WAIT_POLICY:+, OMP_WAIT_POLICY=$OMP_WAIT_POLICY}; GB/s of stored weight bytes"
 echo
 echo "| shape (rows x cols) | ours / ggml format | ours GB/s min / median / max | ggml GB/s min / median / max | ggml / ours per round, min / median / max |"
