@@ -393,6 +393,8 @@ struct Shape {
 // from T = 5 it now takes 3 x 8, below).
 template <class D>
 constexpr bool kFp4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
+template <class D>
+constexpr bool kFp8 = std::is_same_v<D, DecFP8> || std::is_same_v<D, DecFP8H>;
 // From T = 5, every format: 3 rows x 8 tokens (24 accumulators), each weight vector decoded once
 // for 8 tokens where 4 x 4 decoded it twice at T = 8. FP8 first (session 16, Intel Xeon,
 // `qmatmul_bench --only gemv --shape 4096x4096`, alternating pairs: T = 8 median +27%, T = 16
@@ -411,11 +413,16 @@ constexpr bool kFp4 = std::is_same_v<D, DecMX> || std::is_same_v<D, DecNV>;
 //   ~84 GB/s: 67-68 against 57-60 GB/s) and +27% when slow (~52: 46-47 against 37-38). A
 //   load-only loop read 2-3 far streams per thread at 74-75 GB/s, 8 streams 64 bytes each in
 //   turn at 60, 8 adjacent rows at 36. 2 rows beat 3 and 4; 1 row (one FMA chain) was level with
-//   8 in fast minutes. Spread 8-row tiles gained 5% at most, and nothing at T >= 2. FP8 and MXFP4
-//   in spread tiles of 4 rows: +8-18% in slow minutes, -16-20% in fast ones (FP8's spread
-//   streams end at every 128-row scale block), so they keep 8 adjacent rows. FP8 spread across
-//   the blocks, with the block scale on the weights (exact, as the GEMM path): +11-27% slow,
-//   -17 to +17% fast and decode -1 to -10% there; reverted (perf.md "Session 45").
+//   8 in fast minutes. Spread 8-row tiles gained 5% at most, and nothing at T >= 2.
+// - FP8 at T = 1: 4 rows per tile, spread inside each 128-row scale block (32 rows apart, so
+//   the tile shares the block's scaled x). Session 46, tensors now placed aligned at load, all
+//   FP8 shapes of the model, rounds of qmatmul_bench: 4096x4096 +27% when memory ran fast
+//   (58-62 against 45-48 GB/s) and +24% when slow (45-47 against 37-38); 3 spread rows +18% and
+//   8 +5% (slow); 2 rows +2% spread, -6% adjacent, 1 row -27% (fast). Session 45 had measured
+//   4 spread rows at -16% in fast minutes, on the same CPU; not reproduced. MXFP4 in spread
+//   tiles of 2, 4 or 8 rows: level or worse in both modes (sessions 45 and 46). FP8 spread
+//   across the blocks, with the block scale on the weights (exact, as the GEMM path): +11-27%
+//   slow, -17 to +17% fast and decode -1 to -10% there; reverted (perf.md "Session 45").
 // - T >= 5: BF16 and FP8 in 6 x 4 tiles (the head at T = 5 / 6 / 8 / 16: +6 / +13 / +11 / +8%;
 //   FP8 4096x4096 at T = 8 +8%), MXFP4 and NVFP4 in 4 x 4 (MXFP4 at T = 8 +7%, 6 x 4 -5%). 3 x 8
 //   was chosen on an Intel Xeon (session 20); here 2 x 8 and 3 x 8 with a 4 KiB prefetch were
@@ -429,7 +436,8 @@ struct FusedShapes {
   using S4 = Shape<std::is_same_v<D, DecBF16> ? 6 : 4, 4>;
   using SN = Shape<3, 8>;
   static bool zen5() { return zen5_shapes(); }
-  using S1Zen5 = std::conditional_t<std::is_same_v<D, DecBF16>, Shape<2, 1, true>, S1>;
+  using S1Zen5 = std::conditional_t<std::is_same_v<D, DecBF16>, Shape<2, 1, true>,
+                                    std::conditional_t<kFp8<D>, Shape<4, 1, true>, S1>>;
   using S2Zen5 = std::conditional_t<std::is_same_v<D, DecMX>, Shape<6, 2>, S2>;
   using SNZen5 = Shape<kFp4<D> ? 4 : 6, 4>;
 };
