@@ -236,7 +236,7 @@ TEST_F(SafeTensorsTest, RoundTripSingleFile) {
 // Reading into memory gives the same tensors as mapping, in memory of our own (not the file's
 // mapping), read-only; auto picks read for a small checkpoint.
 // Read mode also places each tensor aligned (64 bytes; 4 KiB from 1 MiB on), whatever the
-// file's offsets: the kernels' vector loads and row order assume it (safetensors.cpp placement).
+// file's offsets: the kernels' vector loads and row order assume it (safetensors.cpp, place_up).
 TEST_F(SafeTensorsTest, ReadModeMatchesMmap) {
   auto ss = samples();
   ss.push_back({"layers.2.big", DType::U8, {(1 << 20) + 3}, pattern((1 << 20) + 3, 9)});

@@ -424,8 +424,8 @@ SafeTensorsFile::~SafeTensorsFile() {
   if (copy_) ::munmap(copy_, copy_size_);
 }
 
-// Where read_ranges places a tensor of nbytes at or after offset `at`: at a multiple of 64 bytes, and from 1 MiB on at a
-// multiple of 4 KiB. A checkpoint's offsets are only 8-aligned (the safetensors format); the
+// Where read_ranges places a tensor of nbytes, at or after offset `at`: at a multiple of 64
+// bytes, and from 1 MiB on at a multiple of 4 KiB. A checkpoint's offsets are only 8-aligned (the safetensors format); the
 // kernels' 64-byte vector loads then straddle two cache lines, and a matrix's rows straddle the
 // 4 KiB pages that the fused GEMV's row order (qmatmul_kernels.inc, fused_range) and the L2
 // prefetcher work in. qmatmul_bench on AMD Zen 5 (docs/perf.md "Session 46"): the BF16 head at
