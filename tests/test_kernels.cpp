@@ -204,6 +204,71 @@ void run_isa_invariance(Isa isa) {
   }
 }
 
+// qmatmul_many must give, bit for bit, what each call gives alone: every format in one job,
+// fused and GEMM-path calls mixed, calls that share x (packed once) next to calls with the same
+// x but another T, format or row length (which must not share), row ranges and strides, empty
+// calls, and other thread counts.
+void run_isa_many(Isa isa) {
+  IsaGuard guard(isa);
+  uint32_t seed = 700;
+  constexpr int64_t kCols = 640, kLdx = kCols + 5, kNT = 30;
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(kNT * kLdx));
+  for (float& v : x) v = d(g);
+  std::vector<OwnedWeight> ws;
+  std::vector<QMatmulCall> calls;
+  auto add = [&](WFormat f, int64_t rows, int64_t cols, int64_t T, int64_t r0, int64_t r1, const float* xp,
+                 int64_t ldx) {
+    ws.push_back(make_weight(f, rows, cols, seed++));
+    QMatmulCall c;
+    c.T = T;
+    c.x = xp;
+    c.r0 = r0;
+    c.r1 = r1;
+    c.ldx = ldx;
+    calls.push_back(c);
+  };
+  for (WFormat f : kAllFormats) {
+    add(f, 70, kCols, 2, 0, -1, x.data(), kLdx);         // w1 and w3 of an expert: x shared
+    add(f, 70, kCols, 2, 0, -1, x.data(), kLdx);
+    add(f, 37, kCols, 3, 0, -1, x.data(), kLdx);         // the same x, another T
+    add(f, 37, kCols - 128, 3, 0, -1, x.data(), kLdx);  // the same x and T, shorter rows
+    add(f, 130, kCols, 1, 5, 127, x.data() + 7 * kLdx, kLdx);
+    add(f, 9, kCols, 8, 0, -1, x.data() + kLdx, kLdx);
+    add(f, 40, kCols, 30, 2, 39, x.data(), kLdx);  // past the crossover on most ISAs: GEMM path
+    add(f, 12, kCols, 0, 0, -1, x.data(), kLdx);   // no tokens
+    add(f, 12, kCols, 1, 4, 4, x.data(), kLdx);    // no rows
+  }
+  // A few F32 rows against many tokens, dense: qmatmul swaps operands.
+  add(WFormat::F32, 4, kCols, 26, 0, -1, x.data(), kCols);
+  for (size_t i = 0; i < calls.size(); ++i) calls[i].w = &ws[i].w;
+  // Each call alone.
+  std::vector<std::vector<float>> want(calls.size()), got(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    QMatmulCall& c = calls[i];
+    const int64_t r1 = c.r1 < 0 ? c.w->rows : c.r1;
+    c.ldy = (r1 - c.r0) + 3;
+    want[i].assign(static_cast<size_t>(std::max<int64_t>(c.T, 1) * c.ldy), kSentinel);
+    got[i] = want[i];
+    qmatmul(*c.w, c.r0, r1, c.x, c.ldx, c.T, want[i].data(), c.ldy);
+  }
+  for (int threads : {0, 1, 3}) {
+    set_threads(threads);
+    for (size_t i = 0; i < calls.size(); ++i) {
+      std::fill(got[i].begin(), got[i].end(), kSentinel);
+      calls[i].y = got[i].data();
+    }
+    qmatmul_many(calls.data(), static_cast<int64_t>(calls.size()));
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(0, std::memcmp(got[i].data(), want[i].data(), sizeof(float) * got[i].size()))
+          << isa_name(isa) << " call " << i << " (" << wformat_name(calls[i].w->fmt) << " " << calls[i].w->rows << "x"
+          << calls[i].w->cols << " T=" << calls[i].T << ") threads=" << threads;
+    }
+  }
+  set_threads(0);
+}
+
 // A macro: GTEST_SKIP returns from the function it is written in, which must be the test body.
 #define REQUIRE_ISA(isa) \
   if (!isa_supported(isa)) GTEST_SKIP() << "CPU lacks " << isa_name(isa)
@@ -267,6 +332,7 @@ TEST(Kernels, EdgeCases) {
 TEST(Kernels, Scalar) { run_isa_suite(Isa::Scalar); }
 TEST(Kernels, ScalarBatchInvariant) { run_isa_invariance(Isa::Scalar); }
 TEST(Kernels, ScalarLarge) { run_isa_large(Isa::Scalar); }
+TEST(Kernels, ScalarManyEqualsOneByOne) { run_isa_many(Isa::Scalar); }
 
 TEST(Kernels, AVX2) {
   REQUIRE_ISA(Isa::AVX2);
@@ -284,6 +350,10 @@ TEST(Kernels, AVX2BatchInvariant) {
   REQUIRE_ISA(Isa::AVX2);
   run_isa_invariance(Isa::AVX2);
 }
+TEST(Kernels, AVX2ManyEqualsOneByOne) {
+  REQUIRE_ISA(Isa::AVX2);
+  run_isa_many(Isa::AVX2);
+}
 
 TEST(Kernels, AVX512) {
   REQUIRE_ISA(Isa::AVX512);
@@ -300,6 +370,10 @@ TEST(Kernels, AVX512ExactDecode) {
 TEST(Kernels, AVX512BatchInvariant) {
   REQUIRE_ISA(Isa::AVX512);
   run_isa_invariance(Isa::AVX512);
+}
+TEST(Kernels, AVX512ManyEqualsOneByOne) {
+  REQUIRE_ISA(Isa::AVX512);
+  run_isa_many(Isa::AVX512);
 }
 
 // Each token alone (fused, T=1) and a fused batch of 5 must give bit for bit what the whole

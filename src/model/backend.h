@@ -243,6 +243,11 @@ class Backend {
 
   // Ops over rows (model/attention_layer.cpp, moe_layer.cpp).
   virtual void matmul(Step& s, const Matmul& m) = 0;
+  // Several independent matmuls (none reads another's output), with matmul's results; a backend
+  // may run them as one piece of work (the CPU: one job of its pool).
+  virtual void matmuls(Step& s, const Matmul* m, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) matmul(s, m[i]);
+  }
   virtual void rmsnorm(Step& s, const RmsNorm& n) = 0;
   virtual void vec_ops(Step& s, const VecOps& v) = 0;
   virtual void scale(Step& s, float* x, int64_t n, float factor) = 0;  // x *= factor
@@ -260,6 +265,11 @@ class Backend {
   virtual void gather(Step& s, const float* x, const int32_t* rows, int64_t n, int64_t dim, float* y) = 0;
   virtual void scatter_add(Step& s, const float* y, const int32_t* rows, int64_t n, int64_t dim, float* out) = 0;
   virtual void swiglu(Step& s, const Swiglu& g) = 0;
+  // The most routed-expert rows the MoE sublayer takes at once (gathered, multiplied and activated
+  // together: moe_layer.cpp): its Tmp::Expert* temporaries hold that many rows. A device backend's
+  // workspace holds a step's rows (an expert serves a token once, so any one expert fits); the
+  // CPU takes every routed row of the step at once.
+  virtual int64_t expert_rows_at_once(const Step& s) const { return s.T; }
   virtual void add(Step& s, float* y, const float* x, int64_t n) = 0;  // y += x
   // Whether this step's MoE runs as routed_experts (no host read of the routing; a CUDA decode
   // step) instead of route / dispatch / gather / scatter_add.

@@ -80,15 +80,13 @@ StageTimer::~StageTimer() {
   row.seconds += dt;
 }
 
-void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy) {
-  const auto bytes = static_cast<uint64_t>(static_cast<double>(w.stored_bytes()) * static_cast<double>(r1 - r0) / static_cast<double>(w.rows));
-  const auto flops = static_cast<uint64_t>(2 * (r1 - r0) * w.cols * T);
-  g_weight_bytes += bytes;
-  g_flops += flops;
-  if (!g_profiling) return qmatmul(w, r0, r1, x, ldx, T, y, ldy);  // fused dequantise + dot (cpu/qmatmul.h)
-  const auto t0 = std::chrono::steady_clock::now();
-  qmatmul(w, r0, r1, x, ldx, T, y, ldy);
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+namespace {
+
+uint64_t call_bytes(const QWeight& w, int64_t r0, int64_t r1) {
+  return static_cast<uint64_t>(static_cast<double>(w.stored_bytes()) * static_cast<double>(r1 - r0) / static_cast<double>(w.rows));
+}
+
+void profile_call(const QWeight& w, int64_t r0, int64_t r1, int64_t T, uint64_t bytes, uint64_t flops, double dt) {
   // Small T (the fused GEMV path) and large T (the GEMM path) apart: the same matrix runs at
   // very different rates on the two.
   const int fused = qmatmul_fused_max_tokens(w.fmt);
@@ -101,6 +99,42 @@ void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ld
   row.seconds += dt;
   row.weight_bytes += bytes;
   row.flops += flops;
+}
+
+}  // namespace
+
+void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy) {
+  const uint64_t bytes = call_bytes(w, r0, r1);
+  const auto flops = static_cast<uint64_t>(2 * (r1 - r0) * w.cols * T);
+  g_weight_bytes += bytes;
+  g_flops += flops;
+  if (!g_profiling) return qmatmul(w, r0, r1, x, ldx, T, y, ldy);  // fused dequantise + dot (cpu/qmatmul.h)
+  const auto t0 = std::chrono::steady_clock::now();
+  qmatmul(w, r0, r1, x, ldx, T, y, ldy);
+  profile_call(w, r0, r1, T, bytes, flops, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void matmul_many(const QMatmulCall* calls, int64_t n) {
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const QMatmulCall& c = calls[i];
+    const int64_t r1 = c.r1 < 0 ? c.w->rows : c.r1;
+    g_weight_bytes += call_bytes(*c.w, c.r0, r1);
+    g_flops += static_cast<uint64_t>(2 * (r1 - c.r0) * c.w->cols * c.T);
+    total += static_cast<double>(call_bytes(*c.w, c.r0, r1));
+  }
+  if (!g_profiling) return qmatmul_many(calls, n);
+  const auto t0 = std::chrono::steady_clock::now();
+  qmatmul_many(calls, n);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // One job for all: each call is charged its share of the weight bytes.
+  for (int64_t i = 0; i < n; ++i) {
+    const QMatmulCall& c = calls[i];
+    const int64_t r1 = c.r1 < 0 ? c.w->rows : c.r1;
+    const uint64_t bytes = call_bytes(*c.w, c.r0, r1);
+    profile_call(*c.w, c.r0, r1, c.T, bytes, static_cast<uint64_t>(2 * (r1 - c.r0) * c.w->cols * c.T),
+                 total > 0 ? dt * static_cast<double>(bytes) / total : 0.0);
+  }
 }
 
 QWeight f32_weight(const float* data, int64_t rows, int64_t cols) {

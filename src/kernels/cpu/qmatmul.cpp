@@ -23,6 +23,8 @@ namespace qmm {
 
 namespace {
 
+int64_t cdiv_pos(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 struct AlignedBuf {
   float* p = nullptr;
   size_t cap = 0;
@@ -77,6 +79,79 @@ float* scratch(ScratchSlot slot, size_t floats) {
   ASAN_POISON_MEMORY_REGION(b.p + floats, (b.cap - floats) * sizeof(float));
 #endif
   return b.p;
+}
+
+void FusedJob::Free::operator()(std::byte* p) const { std::free(p); }
+
+void* FusedJob::store(size_t bytes) {
+  bytes = (bytes + 63) / 64 * 64;
+  for (;; ++block_, used_ = 0) {
+    if (block_ == blocks_.size()) {
+      // Blocks are kept for later jobs, so a step's jobs allocate only while they first grow.
+      const size_t size = std::max<size_t>(bytes, size_t{1} << 20);
+      Block b;
+      b.mem.reset(static_cast<std::byte*>(std::aligned_alloc(64, size)));  // size: a multiple of 64
+      if (!b.mem) throw Error("qmatmul: out of memory for a job's packed activations");
+      b.size = size;
+      blocks_.push_back(std::move(b));
+    }
+    Block& b = blocks_[block_];
+    if (used_ + bytes <= b.size) {
+      void* p = b.mem.get() + used_;
+      used_ += bytes;
+      return p;
+    }
+  }
+}
+
+float* FusedJob::floats(size_t n) {
+  float* p = static_cast<float*>(store(n * sizeof(float)));
+#if defined(__SANITIZE_ADDRESS__)
+  ASAN_UNPOISON_MEMORY_REGION(p, n * sizeof(float));
+#endif
+  return p;
+}
+
+const float* FusedJob::packed(const PackKey& k, const void** stats) const {
+  if (last_px_ == nullptr || !(k == last_key_)) return nullptr;
+  *stats = last_stats_;
+  return last_px_;
+}
+
+void FusedJob::remember_packed(const PackKey& k, const float* px, const void* stats) {
+  last_key_ = k;
+  last_px_ = px;
+  last_stats_ = stats;
+}
+
+void FusedJob::clear() {
+  parts_.clear();
+  block_ = used_ = 0;
+  last_px_ = nullptr;
+}
+
+void FusedJob::run() {
+  if (parts_.empty()) return clear();
+  first_.assign(1, 0);
+  int64_t bytes = 0;
+  for (const Part& p : parts_) {
+    first_.push_back(first_.back() + p.units);
+    bytes += p.bytes;
+  }
+  ThreadPool& pool = thread_pool();
+  const int64_t units = first_.back();
+  const int64_t ranges = std::clamp<int64_t>(bytes / kGemvChunkBytes, pool.size(), std::min<int64_t>(units, 4096));
+  const int cpt = static_cast<int>(cdiv_pos(ranges, pool.size()));
+  pool.parallel_for(units, [&](int64_t b, int64_t e) {
+    // The parts this range overlaps, each from its first unit in the range.
+    size_t i = static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), b) - first_.begin()) - 1;
+    for (; b < e; ++i) {
+      const int64_t end = std::min(e, first_[i + 1]);
+      parts_[i].run(parts_[i].ctx, b - first_[i], end - first_[i]);
+      b = end;
+    }
+  }, cpt);
+  clear();
 }
 
 namespace {
@@ -311,8 +386,11 @@ int qmatmul_fused_max_tokens(WFormat f) { return qmm::fused_max_for(active_isa()
 
 void qmatmul_release_scratch() { qmm::release_scratch(); }
 
-void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
-             int64_t ldy) {
+namespace qmm {
+namespace {
+
+// Checks a call's arguments; true when it still has work (rows, tokens and columns).
+bool check_call(const QWeight& w, int64_t r0, int64_t r1, int64_t T, float* y, int64_t ldy) {
   if (w.empty()) throw Error("qmatmul: weight '" + w.name + "' has no data");
   if (r0 < 0 || r1 > w.rows || r0 > r1) {
     throw Error("qmatmul: rows [" + std::to_string(r0) + ", " + std::to_string(r1) + ") out of range for '" +
@@ -322,11 +400,40 @@ void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t l
   if ((w.fmt == WFormat::MXFP4 || w.fmt == WFormat::NVFP4) && w.cols % 2 != 0) {
     throw Error("qmatmul: FP4 weight '" + w.name + "' has odd cols " + std::to_string(w.cols));
   }
-  if (T == 0 || r0 == r1) return;
+  if (T == 0 || r0 == r1) return false;
   if (w.cols == 0) {  // empty sums
     for (int64_t t = 0; t < T; ++t) std::fill(y + t * ldy, y + t * ldy + (r1 - r0), 0.0f);
-    return;
+    return false;
   }
+  return true;
+}
+
+// Whether the call is a few F32 rows against many tokens, which qmatmul runs swapped.
+bool swaps(const QWeight& w, int64_t r0, int64_t r1, int64_t ldx, int64_t T, Isa isa) {
+  const int64_t nr = r1 - r0;
+  return w.fmt == WFormat::F32 && ldx == w.cols && nr <= kSwapMaxRows && T > nr && T > fused_max_for(isa, w.fmt);
+}
+
+void run_isa(Isa isa, const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
+             int64_t ldy, FusedJob* job) {
+  switch (isa) {
+    case Isa::AVX512: return run_avx512(w, r0, r1, x, ldx, T, y, ldy, fused_max_for(isa, w.fmt), job);
+    case Isa::AVX2: return run_avx2(w, r0, r1, x, ldx, T, y, ldy, fused_max_for(isa, w.fmt), job);
+    case Isa::Scalar: return run_scalar(w, r0, r1, x, ldx, T, y, ldy);
+  }
+}
+
+FusedJob& thread_job() {
+  thread_local FusedJob job;
+  return job;
+}
+
+}  // namespace
+}  // namespace qmm
+
+void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
+             int64_t ldy) {
+  if (!qmm::check_call(w, r0, r1, T, y, ldy)) return;
   const Isa isa = active_isa();
   // A few F32 rows against many tokens (mHC's mixes: 24 x 16384 per chunk): the GEMM path would
   // pack all of x into panels for a few rows of work, and the 64-row panel of such long rows
@@ -334,7 +441,7 @@ void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t l
   // output is the same canonical dot -- F32 decodes both operands alike and fma(a, b, c) ==
   // fma(b, a, c) -- and x streams once.
   const int64_t nr = r1 - r0;
-  if (w.fmt == WFormat::F32 && ldx == w.cols && nr <= qmm::kSwapMaxRows && T > nr && T > qmm::fused_max_for(isa, w.fmt)) {
+  if (qmm::swaps(w, r0, r1, ldx, T, isa)) {
     QWeight xw;
     xw.fmt = WFormat::F32;
     xw.rows = T;
@@ -348,11 +455,25 @@ void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t l
       for (int64_t j = 0; j < nr; ++j) y[t * ldy + j] = yt[j * T + t];
     return;
   }
-  switch (isa) {
-    case Isa::AVX512: return qmm::run_avx512(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa, w.fmt));
-    case Isa::AVX2: return qmm::run_avx2(w, r0, r1, x, ldx, T, y, ldy, qmm::fused_max_for(isa, w.fmt));
-    case Isa::Scalar: return qmm::run_scalar(w, r0, r1, x, ldx, T, y, ldy);
+  qmm::run_isa(isa, w, r0, r1, x, ldx, T, y, ldy, nullptr);
+}
+
+void qmatmul_many(const QMatmulCall* calls, int64_t n) {
+  const Isa isa = active_isa();
+  qmm::FusedJob& job = qmm::thread_job();
+  job.clear();  // a call that threw left it half filled
+  for (int64_t i = 0; i < n; ++i) {
+    const QMatmulCall& c = calls[i];
+    const int64_t r1 = c.r1 < 0 ? c.w->rows : c.r1, ldx = c.ldx < 0 ? c.w->cols : c.ldx,
+                  ldy = c.ldy < 0 ? r1 - c.r0 : c.ldy;
+    if (!qmm::check_call(*c.w, c.r0, r1, c.T, c.y, ldy)) continue;
+    if (isa == Isa::Scalar || qmm::swaps(*c.w, c.r0, r1, ldx, c.T, isa)) {
+      qmatmul(*c.w, c.r0, r1, c.x, ldx, c.T, c.y, ldy);
+    } else {
+      qmm::run_isa(isa, *c.w, c.r0, r1, c.x, ldx, c.T, c.y, ldy, &job);
+    }
   }
+  job.run();
 }
 
 }  // namespace dsv4

@@ -466,10 +466,10 @@ struct GemmShape {
 }  // namespace
 
 void run_avx2(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
-              int64_t ldy, int fused_max_t) {
+              int64_t ldy, int fused_max_t, FusedJob* job) {
   if (w.fmt == WFormat::FP8Block && fp8_via_f16(w, r0, r1))
-    return run_any<DecF32, DecBF16, DecF16, DecFP8H, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
-  run_any<DecF32, DecBF16, DecF16, DecFP8, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t);
+    return run_any<DecF32, DecBF16, DecF16, DecFP8H, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t, job);
+  run_any<DecF32, DecBF16, DecF16, DecFP8, DecMX, DecNV>(w, r0, r1, x, ldx, T, y, ldy, fused_max_t, job);
 }
 
 }  // namespace dsv4::qmm

@@ -3,19 +3,83 @@
 // (qmatmul_avx2.cpp, qmatmul_avx512.cpp). Not part of the public API.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <vector>
 
 #include "core/weight.h"
 
 namespace dsv4::qmm {
 
-// One ISA's whole qmatmul: packs x, then splits rows over the pool. Arguments are validated.
-using RunFn = void (*)(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T,
-                       float* y, int64_t ldy, int fused_max_t);
+// The fused path's smallest range of work, in weight bytes: every range starts its streams cold,
+// which costs small matrices more than any imbalance between threads would.
+constexpr int64_t kGemvChunkBytes = int64_t{4} << 20;
 
+// Several fused-path calls gathered into one job of the pool (qmatmul_many): each call is
+// prepared (x packed, decoder and tile shape chosen) as it would be alone, then one parallel_for
+// runs every call's rows, so the pool synchronises once for all of them and its threads balance
+// over the whole job. Each output keeps its bits: the rows run the same tiles in the same order.
+// Lives on the calling thread; its storage is kept (and reused) between jobs.
+class FusedJob {
+ public:
+  // A prepared call: run(ctx, ua, ub) computes its units [ua, ub) (a unit is a fixed number of
+  // rows); `bytes` of weights in all.
+  struct Part {
+    void (*run)(const void* ctx, int64_t ua, int64_t ub);
+    const void* ctx;
+    int64_t units;
+    int64_t bytes;
+  };
+  // Floats (64-byte aligned) that stay in place until run() returns.
+  float* floats(size_t n);
+  template <class Ctx>
+  void add(const Ctx& c, int64_t units, int64_t bytes) {
+    static_assert(std::is_trivially_destructible_v<Ctx>);
+    void* mem = store(sizeof(Ctx));
+    parts_.push_back({&Ctx::run, new (mem) Ctx(c), units, bytes});
+  }
+  // Packed activations the job already holds for the same (x, ldx, T, decoder, cols), or null:
+  // calls that share their input (an expert's w1 and w3) share one packed copy.
+  struct PackKey {
+    const float* x;
+    int64_t ldx, T;
+    const void* layout;  // the decoder type's tag
+    int64_t cols;
+    bool operator==(const PackKey&) const = default;
+  };
+  const float* packed(const PackKey& k, const void** stats) const;
+  void remember_packed(const PackKey& k, const float* px, const void* stats);
+  // Runs every part, in ranges of about kGemvChunkBytes of weights handed out to whichever thread
+  // asks (a range may span parts), and empties the job.
+  void run();
+  void clear();
+
+ private:
+  void* store(size_t bytes);
+  struct Free {
+    void operator()(std::byte* p) const;
+  };
+  struct Block {
+    std::unique_ptr<std::byte, Free> mem;
+    size_t size = 0;
+  };
+  std::vector<Block> blocks_;
+  size_t block_ = 0, used_ = 0;
+  std::vector<Part> parts_;
+  std::vector<int64_t> first_;  // run(): the first unit of each part, then the total
+  PackKey last_key_{};
+  const float* last_px_ = nullptr;
+  const void* last_stats_ = nullptr;
+};
+
+// One ISA's whole qmatmul: packs x, then splits rows over the pool. Arguments are validated.
+// With a job, a call on the fused path is prepared and added to it instead (the caller runs
+// the job); other calls run at once.
 void run_avx2(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
-              int64_t ldy, int fused_max_t);
+              int64_t ldy, int fused_max_t, FusedJob* job);
 void run_avx512(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t T, float* y,
-                int64_t ldy, int fused_max_t);
+                int64_t ldy, int fused_max_t, FusedJob* job);
 
 // Whether an AVX-512 qmatmul of rows [r0, r1) of FP8 weight w decodes through F16
 // (fp8_decode_for in qmatmul.h).
