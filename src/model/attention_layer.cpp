@@ -2,6 +2,7 @@
 // entries of CSA / HCA layers, the CSA indexer, sparse attention with a sink, grouped output.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/arena.h"
 #include "model/layers.h"
@@ -19,22 +20,29 @@ struct IndexerRows {
   int32_t *sel = nullptr, *sel_n = nullptr;
 };
 
-IndexerRows indexer_rows(Backend& be, const ModelConfig& c, int64_t l, const IndexerW& ix, const float* qr, Backend::Step& s) {
+// The indexer's temporaries, and its projections of x (added to `mm`: they run with the
+// layer's other projections of x, indexer_queries then takes qr).
+IndexerRows indexer_rows(Backend& be, const ModelConfig& c, const IndexerW& ix, Backend::Step& s, std::vector<Matmul>& mm) {
   const int64_t T = s.T, HI = c.index_heads, dI = c.index_dim, width = ix.comp.coff * ix.comp.out_dim;
   IndexerRows r;
   r.a = be.tmp(s, Tmp::IndexA, T * width);
   r.g = be.tmp(s, Tmp::IndexG, T * width);
-  be.matmul(s, {&ix.comp.wkv, s.x, T, r.a});
-  be.matmul(s, {&ix.comp.wgate, s.x, T, r.g});
   r.q = be.tmp(s, Tmp::IndexQ, T * HI * dI);
   r.w = be.tmp(s, Tmp::IndexW, T * HI);
-  be.matmul(s, {&ix.wq_b, qr, T, r.q});
-  be.vec_ops(s, {.v = r.q, .heads = HI, .dim = dI, .rope = RopeDir::Forward, .layer = l, .sim = QuantSim::HadamardFp4});
-  be.matmul(s, {&ix.weights_proj, s.x, T, r.w});
-  be.scale(s, r.w, T * HI, static_cast<float>(1.0 / std::sqrt(static_cast<double>(dI)) / std::sqrt(static_cast<double>(HI))));
+  mm.push_back({&ix.comp.wkv, s.x, T, r.a});
+  mm.push_back({&ix.comp.wgate, s.x, T, r.g});
+  mm.push_back({&ix.weights_proj, s.x, T, r.w});
   r.sel = be.tmp_ints(s, Tmp::Sel, T * std::max<int64_t>(c.index_topk, 1));
   r.sel_n = be.tmp_ints(s, Tmp::SelN, T);
   return r;
+}
+
+// After the projections: the indexer's queries (RoPE, Hadamard, FP4 simulation) and its head
+// weights' scale.
+void indexer_queries(Backend& be, const ModelConfig& c, int64_t l, const IndexerRows& r, Backend::Step& s) {
+  const int64_t T = s.T, HI = c.index_heads, dI = c.index_dim;
+  be.vec_ops(s, {.v = r.q, .heads = HI, .dim = dI, .rope = RopeDir::Forward, .layer = l, .sim = QuantSim::HadamardFp4});
+  be.scale(s, r.w, T * HI, static_cast<float>(1.0 / std::sqrt(static_cast<double>(dI)) / std::sqrt(static_cast<double>(HI))));
 }
 
 }  // namespace
@@ -57,28 +65,35 @@ void attention_layer(Backend& be, const ModelConfig& c, int64_t l, const LayerW&
   float* qr = be.tmp(s, Tmp::Qr, T * Qr);
   float* q = be.tmp(s, Tmp::Q, T * H * d);
   float* kv = be.tmp(s, Tmp::Kv, T * d);
-  // Queries: low-rank path, unweighted per-head norm, RoPE.
-  be.matmul(s, {&A.wq_a, s.x, T, qr});
-  be.rmsnorm(s, {qr, T, Qr, &A.q_norm, eps});
-  if (H > 0) {  // a TP rank may hold no group when there are more ranks than groups
-    be.matmul(s, {.w = &A.wq_b, .x = qr, .T = T, .y = q, .r0 = h0 * d, .r1 = (h0 + H) * d});
-    be.vec_ops(s, {.v = q, .heads = H, .dim = d, .norm = VecNorm::Rms, .eps = eps, .rope = RopeDir::Forward, .layer = l});
-  }
-  // The single KV head: norm, RoPE, FP8 simulation of the non-RoPE part.
-  be.matmul(s, {&A.wkv, s.x, T, kv});
-  be.vec_ops(s, {.v = kv, .dim = d, .norm = VecNorm::Rms, .weight = &A.kv_norm, .eps = eps, .rope = RopeDir::Forward,
-                 .layer = l, .sim = QuantSim::Fp8});
-
-  // Compressor rows (CSA / HCA); CSA: the indexer's rows.
+  // Every projection of x as one matmuls call (one job on the CPU): the low-rank query path's
+  // first half, the single KV head, the compressor's rows (CSA / HCA) and the indexer's (CSA).
+  std::vector<Matmul> mm;
+  mm.push_back({&A.wq_a, s.x, T, qr});
+  mm.push_back({&A.wkv, s.x, T, kv});
   float *ca = nullptr, *cg = nullptr;
   if (kind != LayerKind::Window) {
     const int64_t width = A.comp->coff * A.comp->out_dim;
     ca = be.tmp(s, Tmp::CompA, T * width);
     cg = be.tmp(s, Tmp::CompG, T * width);
-    be.matmul(s, {&A.comp->wkv, s.x, T, ca});
-    be.matmul(s, {&A.comp->wgate, s.x, T, cg});
+    mm.push_back({&A.comp->wkv, s.x, T, ca});
+    mm.push_back({&A.comp->wgate, s.x, T, cg});
   }
-  const IndexerRows ix = kind == LayerKind::CSA ? indexer_rows(be, c, l, *A.indexer, qr, s) : IndexerRows{};
+  const IndexerRows ix = kind == LayerKind::CSA ? indexer_rows(be, c, *A.indexer, s, mm) : IndexerRows{};
+  be.matmuls(s, mm.data(), static_cast<int64_t>(mm.size()));
+  // Queries: unweighted norm of qr, then the heads' and the indexer's queries from it together;
+  // per-head norm and RoPE.
+  be.rmsnorm(s, {qr, T, Qr, &A.q_norm, eps});
+  mm.clear();
+  if (H > 0)  // a TP rank may hold no group when there are more ranks than groups
+    mm.push_back({.w = &A.wq_b, .x = qr, .T = T, .y = q, .r0 = h0 * d, .r1 = (h0 + H) * d});
+  if (kind == LayerKind::CSA) mm.push_back({&A.indexer->wq_b, qr, T, ix.q});
+  be.matmuls(s, mm.data(), static_cast<int64_t>(mm.size()));
+  if (H > 0)
+    be.vec_ops(s, {.v = q, .heads = H, .dim = d, .norm = VecNorm::Rms, .eps = eps, .rope = RopeDir::Forward, .layer = l});
+  // The single KV head: norm, RoPE, FP8 simulation of the non-RoPE part.
+  be.vec_ops(s, {.v = kv, .dim = d, .norm = VecNorm::Rms, .weight = &A.kv_norm, .eps = eps, .rope = RopeDir::Forward,
+                 .layer = l, .sim = QuantSim::Fp8});
+  if (kind == LayerKind::CSA) indexer_queries(be, c, l, ix, s);
 
   // Per sequence: its compressed entries for blocks closing in its rows (visible to its later
   // queries of the step), CSA's top-k entries per query, then its queries over its own keys.
@@ -97,9 +112,11 @@ void attention_layer(Backend& be, const ModelConfig& c, int64_t l, const LayerW&
   // Grouped low-rank output projection: group g's heads through rows [g*Ro, (g+1)*Ro) of wo_a.
   float* z = be.tmp(s, Tmp::Z, T * G * Ro);  // each group writes its Ro columns
   if (!tp) {
+    mm.clear();
     for (int64_t g = 0; g < G; ++g)
-      be.matmul(s, {.w = &A.wo_a, .x = o + g * gw, .T = T, .y = z + g * Ro, .r0 = g * Ro, .r1 = (g + 1) * Ro, .ldx = H * d,
+      mm.push_back({.w = &A.wo_a, .x = o + g * gw, .T = T, .y = z + g * Ro, .r0 = g * Ro, .r1 = (g + 1) * Ro, .ldx = H * d,
                     .ldy = G * Ro});
+    be.matmuls(s, mm.data(), G);
   } else {
     // Each group's [T, Ro] block contiguous (group after group), so a rank's groups are one run
     // of rows for the allgather; then the blocks go to their columns of z.

@@ -113,21 +113,21 @@ float* FusedJob::floats(size_t n) {
 }
 
 const float* FusedJob::packed(const PackKey& k, const void** stats) const {
-  if (last_px_ == nullptr || !(k == last_key_)) return nullptr;
-  *stats = last_stats_;
-  return last_px_;
+  for (const Packed& p : packed_) {
+    if (p.key == k) {
+      *stats = p.stats;
+      return p.px;
+    }
+  }
+  return nullptr;
 }
 
-void FusedJob::remember_packed(const PackKey& k, const float* px, const void* stats) {
-  last_key_ = k;
-  last_px_ = px;
-  last_stats_ = stats;
-}
+void FusedJob::remember_packed(const PackKey& k, const float* px, const void* stats) { packed_.push_back({k, px, stats}); }
 
 void FusedJob::clear() {
   parts_.clear();
+  packed_.clear();
   block_ = used_ = 0;
-  last_px_ = nullptr;
 }
 
 void FusedJob::run() {

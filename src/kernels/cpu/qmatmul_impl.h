@@ -40,7 +40,8 @@ class FusedJob {
     parts_.push_back({&Ctx::run, new (mem) Ctx(c), units, bytes});
   }
   // Packed activations the job already holds for the same (x, ldx, T, decoder, cols), or null:
-  // calls that share their input (an expert's w1 and w3) share one packed copy.
+  // calls that share their input (an expert's w1 and w3, a layer's projections of x) share one
+  // packed copy.
   struct PackKey {
     const float* x;
     int64_t ldx, T;
@@ -68,9 +69,12 @@ class FusedJob {
   size_t block_ = 0, used_ = 0;
   std::vector<Part> parts_;
   std::vector<int64_t> first_;  // run(): the first unit of each part, then the total
-  PackKey last_key_{};
-  const float* last_px_ = nullptr;
-  const void* last_stats_ = nullptr;
+  struct Packed {
+    PackKey key;
+    const float* px;
+    const void* stats;
+  };
+  std::vector<Packed> packed_;
 };
 
 // One ISA's whole qmatmul: packs x, then splits rows over the pool. Arguments are validated.
