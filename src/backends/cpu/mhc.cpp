@@ -54,11 +54,14 @@ void hc_pre(const ModelConfig& c, const HcMixW& mix, const float* X, int64_t T, 
         norm_rows();
         norm_cols();
       }
+      // xo[d] = ((0 + pre_0 X_0[d]) + pre_1 X_1[d]) + ..., one stream at a time over all d (the
+      // same additions per element, in loops the compiler vectorises).
       float* xo = x + t * D;
-      for (int64_t d = 0; d < D; ++d) {
-        float s = 0;
-        for (int64_t i = 0; i < hc; ++i) s += pre[i] * xf[i * D + d];
-        xo[d] = s;
+      std::fill(xo, xo + D, 0.0f);
+      for (int64_t i = 0; i < hc; ++i) {
+        const float p = pre[i];
+        const float* xi = xf + i * D;
+        for (int64_t d = 0; d < D; ++d) xo[d] += p * xi[d];
       }
     }
   });
@@ -73,12 +76,19 @@ void hc_post(const ModelConfig& c, const float* f, const float* post, const floa
       float* Xt = X + t * hc * D;
       std::copy(Xt, Xt + hc * D, old.begin());
       const float* C = comb + t * hc * hc;
-      for (int64_t j = 0; j < hc; ++j)
-        for (int64_t d = 0; d < D; ++d) {
-          float s = post[t * hc + j] * f[t * D + d];
-          for (int64_t i = 0; i < hc; ++i) s += C[i * hc + j] * old[i * D + d];
-          Xt[j * D + d] = s;
+      // X'_j[d] = ((post_j f[d] + C_0j X_0[d]) + C_1j X_1[d]) + ..., one term at a time over all
+      // d (the same additions per element, in loops the compiler vectorises).
+      for (int64_t j = 0; j < hc; ++j) {
+        float* xj = Xt + j * D;
+        const float pj = post[t * hc + j];
+        const float* ft = f + t * D;
+        for (int64_t d = 0; d < D; ++d) xj[d] = pj * ft[d];
+        for (int64_t i = 0; i < hc; ++i) {
+          const float cij = C[i * hc + j];
+          const float* oi = old.data() + i * D;
+          for (int64_t d = 0; d < D; ++d) xj[d] += cij * oi[d];
         }
+      }
     }
   });
 }
