@@ -3,6 +3,7 @@
 // even reference, on every representable value, every midpoint and its neighbours.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -488,6 +489,39 @@ TEST(Fp4Sim, AmaxFloorWithSubnormals) {
   EXPECT_EQ(x[1], 0x1p-126f);
   EXPECT_TRUE(same(x[2], -0.0f));
   EXPECT_EQ(x[3], 0.0f);
+}
+
+// Every element as the per-element definition gives it: clamp(x / scale), f32_to_e2m1,
+// e2m1_to_f32, times scale (fp4sim computes it without branches). Blocks of grid points, ties,
+// their neighbours, zeros of both signs, NaN, subnormals and random values.
+TEST(Fp4Sim, MatchesPerElementReference) {
+  std::vector<float> v;
+  for (float g : {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f, 7.0f})
+    for (float s : {1.0f, -1.0f})
+      for (float d : {-1.0f, 0.0f, 1.0f}) v.push_back(s * (d == 0 ? g : std::nextafter(g, g + d)));
+  v.push_back(std::numeric_limits<float>::quiet_NaN());
+  v.push_back(-std::numeric_limits<float>::quiet_NaN());
+  v.push_back(0x1p-140f);
+  v.push_back(-0x1p-149f);
+  std::mt19937 g(7);
+  std::uniform_real_distribution<float> u(-8.0f, 8.0f);
+  while (v.size() % 32 != 0 || v.size() < 4096) v.push_back(u(g) * (v.size() % 7 == 0 ? 1e-3f : 1.0f));
+  // Blocks with amax 6 (so the scale is 1 and the grid points above are the values quantised),
+  // and the same values in blocks of their own amax.
+  for (size_t b = 0; b + 32 <= v.size(); b += 32) v[b] = 6.0f;
+  for (size_t block : {size_t{32}, size_t{16}}) {
+    std::vector<float> got = v;
+    fp4sim(got.data(), got.size(), block);
+    for (size_t b0 = 0; b0 < v.size(); b0 += block) {
+      float amax = 6.0f * 0x1p-126f;
+      for (size_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(v[b0 + i]));
+      const float scale = pow2_ceil(amax / 6.0f);
+      for (size_t i = 0; i < block; ++i) {
+        const float want = e2m1_to_f32(f32_to_e2m1(std::clamp(v[b0 + i] / scale, -6.0f, 6.0f))) * scale;
+        EXPECT_TRUE(same(got[b0 + i], want)) << "x " << v[b0 + i] << " got " << got[b0 + i] << " want " << want;
+      }
+    }
+  }
 }
 
 TEST(Fp4Sim, Idempotent) {
