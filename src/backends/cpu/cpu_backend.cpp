@@ -30,6 +30,9 @@ namespace {
 using Buf = Floats;
 Buf raw(int64_t n) { return thread_arena().take(n, /*zero=*/false); }
 
+// Element-wise work up to this many floats runs on the calling thread (scatter_add).
+constexpr int64_t kInlineFloats = 16384;
+
 // Decoded CSA entries held at once for a chunk (floats): 64 MiB.
 constexpr int64_t kMaxDecodedEntryFloats = int64_t{16} << 20;
 
@@ -183,6 +186,13 @@ class CpuBackend final : public Backend {
     for_each_token(n, [&](int64_t i) { std::copy(x + rows[i] * dim, x + (rows[i] + 1) * dim, y + i * dim); });
   }
   void scatter_add(Step&, const float* y, const int32_t* rows, int64_t n, int64_t dim, float* out) override {
+    // One expert's rows of a decode step (1-3 of them) on the calling thread: a few thousand
+    // additions cost less than a meeting of the pool, and a batch-8 step has ~100 of these.
+    if (n * dim <= kInlineFloats) {
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < dim; ++j) out[rows[i] * dim + j] += y[i * dim + j];
+      return;
+    }
     for_each_token(n, [&](int64_t i) {
       for (int64_t j = 0; j < dim; ++j) out[rows[i] * dim + j] += y[i * dim + j];
     });
