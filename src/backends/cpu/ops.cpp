@@ -115,14 +115,14 @@ void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ld
 }
 
 void matmul_many(const QMatmulCall* calls, int64_t n) {
-  double total = 0;
+  auto rows_end = [](const QMatmulCall& c) { return c.r1 < 0 ? c.w->rows : c.r1; };
+  auto flops_of = [&](const QMatmulCall& c) { return static_cast<uint64_t>(2 * (rows_end(c) - c.r0) * c.w->cols * c.T); };
+  uint64_t total = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const QMatmulCall& c = calls[i];
-    const int64_t r1 = c.r1 < 0 ? c.w->rows : c.r1;
-    g_weight_bytes += call_bytes(*c.w, c.r0, r1);
-    g_flops += static_cast<uint64_t>(2 * (r1 - c.r0) * c.w->cols * c.T);
-    total += static_cast<double>(call_bytes(*c.w, c.r0, r1));
+    total += call_bytes(*calls[i].w, calls[i].r0, rows_end(calls[i]));
+    g_flops += flops_of(calls[i]);
   }
+  g_weight_bytes += total;
   if (!g_profiling) return qmatmul_many(calls, n);
   const auto t0 = std::chrono::steady_clock::now();
   qmatmul_many(calls, n);
@@ -130,10 +130,9 @@ void matmul_many(const QMatmulCall* calls, int64_t n) {
   // One job for all: each call is charged its share of the weight bytes.
   for (int64_t i = 0; i < n; ++i) {
     const QMatmulCall& c = calls[i];
-    const int64_t r1 = c.r1 < 0 ? c.w->rows : c.r1;
-    const uint64_t bytes = call_bytes(*c.w, c.r0, r1);
-    profile_call(*c.w, c.r0, r1, c.T, bytes, static_cast<uint64_t>(2 * (r1 - c.r0) * c.w->cols * c.T),
-                 total > 0 ? dt * static_cast<double>(bytes) / total : 0.0);
+    const uint64_t bytes = call_bytes(*c.w, c.r0, rows_end(c));
+    profile_call(*c.w, c.r0, rows_end(c), c.T, bytes, flops_of(c),
+                 total > 0 ? dt * static_cast<double>(bytes) / static_cast<double>(total) : 0.0);
   }
 }
 

@@ -140,7 +140,9 @@ void FusedJob::run() {
   }
   ThreadPool& pool = thread_pool();
   const int64_t units = first_.back();
-  const int64_t ranges = std::clamp<int64_t>(bytes / kGemvChunkBytes, pool.size(), std::min<int64_t>(units, 4096));
+  // About one range per kGemvChunkBytes, at least one per thread, at most one per unit.
+  const int64_t most = std::min<int64_t>(units, 4096);
+  const int64_t ranges = std::clamp<int64_t>(bytes / kGemvChunkBytes, std::min<int64_t>(pool.size(), most), most);
   const int cpt = static_cast<int>(cdiv_pos(ranges, pool.size()));
   pool.parallel_for(units, [&](int64_t b, int64_t e) {
     // The parts this range overlaps, each from its first unit in the range.
