@@ -237,8 +237,10 @@ test('clients that trickle their requests are closed after --read-timeout; answe
     const c = new OpenAI({ baseURL: s.base, apiKey: 'x', maxRetries: 0 });
     // A stream that runs longer than the deadline (~200 tokens at the demo model's ~40-100 a
     // second here) is an answer in progress, never cut. Its first chunk is awaited, so that it is
-    // running before the trickling clients come.
-    const stream = await c.chat.completions.create({ model: 'demo', messages: [{ role: 'user', content: 'a long story' }], max_tokens: 200, stream: true });
+    // running before the trickling clients come. Greedy: sampled with the default temperature and
+    // a random seed, the demo model now and then drew an end token before 200 (a CI run saw
+    // finish_reason 'stop').
+    const stream = await c.chat.completions.create({ model: 'demo', messages: [{ role: 'user', content: 'a long story' }], max_tokens: 200, temperature: 0, stream: true });
     const it = stream[Symbol.asyncIterator]();
     const first = await it.next();
     const finish = (async () => {  // the stream's finish_reason, read on meanwhile
