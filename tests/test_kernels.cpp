@@ -217,11 +217,11 @@ void run_isa_many(Isa isa) {
   std::vector<float> x(static_cast<size_t>(kNT * kLdx));
   for (float& v : x) v = d(g);
   std::vector<OwnedWeight> ws;
-  std::vector<QMatmulCall> calls;
+  std::vector<Matmul> calls;
   auto add = [&](WFormat f, int64_t rows, int64_t cols, int64_t T, int64_t r0, int64_t r1, const float* xp,
                  int64_t ldx) {
     ws.push_back(make_weight(f, rows, cols, seed++));
-    QMatmulCall c;
+    Matmul c;
     c.T = T;
     c.x = xp;
     c.r0 = r0;
@@ -246,7 +246,7 @@ void run_isa_many(Isa isa) {
   // Each call alone.
   std::vector<std::vector<float>> want(calls.size()), got(calls.size());
   for (size_t i = 0; i < calls.size(); ++i) {
-    QMatmulCall& c = calls[i];
+    Matmul& c = calls[i];
     const int64_t r1 = c.r1 < 0 ? c.w->rows : c.r1;
     c.ldy = (r1 - c.r0) + 3;
     want[i].assign(static_cast<size_t>(std::max<int64_t>(c.T, 1) * c.ldy), kSentinel);

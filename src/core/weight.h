@@ -32,6 +32,17 @@ struct QWeight {
   size_t stored_bytes() const;
 };
 
+// One matrix product over a weight's rows, the unit of Backend::matmul(s) and qmatmul_many:
+// y[t*ldy + (r - r0)] = w[r, :] . x[t*ldx ..] for rows r in [r0, r1) of w and t < T.
+struct Matmul {
+  const QWeight* w = nullptr;
+  const float* x = nullptr;
+  int64_t T = 0;
+  float* y = nullptr;
+  int64_t r0 = 0, r1 = -1;     // -1: to the last row
+  int64_t ldx = -1, ldy = -1;  // -1: dense (w->cols, r1 - r0)
+};
+
 // Dequantises row r (cols values) into out.
 void dequant_row(const QWeight& w, int64_t r, float* out);
 

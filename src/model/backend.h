@@ -62,15 +62,7 @@ struct StepPlan {
 // Pointers to activations are backend memory (Backend::tmp or the Step's buffers) unless a
 // field says host. "Rows of the step": [T, ...] over every row, in the plan's order.
 
-// y[t*ldy + (r - r0)] = w[r, :] . x[t*ldx ..] for rows r in [r0, r1) of w and t < T.
-struct Matmul {
-  const QWeight* w = nullptr;
-  const float* x = nullptr;
-  int64_t T = 0;
-  float* y = nullptr;
-  int64_t r0 = 0, r1 = -1;     // -1: to the last row
-  int64_t ldx = -1, ldy = -1;  // -1: dense (w->cols, r1 - r0)
-};
+// Matmul (core/weight.h): y = w[r0, r1) . x over T rows of x; x and y backend memory.
 
 // x[r] = rmsnorm(x[r]) for rows r < rows of `dim` values, in place; weight null: unweighted.
 struct RmsNorm {

@@ -128,12 +128,7 @@ class CpuBackend final : public Backend {
     dsv4::matmul(*m.w, m.r0, r1, m.x, m.ldx < 0 ? m.w->cols : m.ldx, m.T, m.y, m.ldy < 0 ? r1 - m.r0 : m.ldy);
   }
 
-  void matmuls(Step&, const Matmul* m, int64_t n) override {
-    thread_local std::vector<QMatmulCall> calls;
-    calls.clear();
-    for (int64_t i = 0; i < n; ++i) calls.push_back({m[i].w, m[i].x, m[i].T, m[i].y, m[i].r0, m[i].r1, m[i].ldx, m[i].ldy});
-    dsv4::matmul_many(calls.data(), n);
-  }
+  void matmuls(Step&, const Matmul* m, int64_t n) override { dsv4::matmul_many(m, n); }
   // A decode step's routed rows all at once (T * k: 48 at batch 8), so that its experts' matmuls
   // make one job; from 512 rows on, as many as a step's own rows (larger experts run the GEMM
   // path one by one anyway, and the temporaries stay ~25 MB).

@@ -114,9 +114,9 @@ void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ld
   profile_call(w, r0, r1, T, bytes, flops, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
-void matmul_many(const QMatmulCall* calls, int64_t n) {
-  auto rows_end = [](const QMatmulCall& c) { return c.r1 < 0 ? c.w->rows : c.r1; };
-  auto flops_of = [&](const QMatmulCall& c) { return static_cast<uint64_t>(2 * (rows_end(c) - c.r0) * c.w->cols * c.T); };
+void matmul_many(const Matmul* calls, int64_t n) {
+  auto rows_end = [](const Matmul& c) { return c.r1 < 0 ? c.w->rows : c.r1; };
+  auto flops_of = [&](const Matmul& c) { return static_cast<uint64_t>(2 * (rows_end(c) - c.r0) * c.w->cols * c.T); };
   uint64_t total = 0;
   for (int64_t i = 0; i < n; ++i) {
     total += call_bytes(*calls[i].w, calls[i].r0, rows_end(calls[i]));
@@ -129,7 +129,7 @@ void matmul_many(const QMatmulCall* calls, int64_t n) {
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // One job for all: each call is charged its share of the weight bytes.
   for (int64_t i = 0; i < n; ++i) {
-    const QMatmulCall& c = calls[i];
+    const Matmul& c = calls[i];
     const uint64_t bytes = call_bytes(*c.w, c.r0, rows_end(c));
     profile_call(*c.w, c.r0, rows_end(c), c.T, bytes, flops_of(c),
                  total > 0 ? dt * static_cast<double>(bytes) / static_cast<double>(total) : 0.0);

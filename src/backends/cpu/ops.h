@@ -20,7 +20,7 @@ void matmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t ld
 void matmul(const QWeight& w, const float* x, int64_t T, float* y);
 // Several independent matmuls, each as matmul would compute it, as one job where they can be
 // (qmatmul_many).
-void matmul_many(const QMatmulCall* calls, int64_t n);
+void matmul_many(const Matmul* calls, int64_t n);
 
 // A float32 matrix [rows, cols] in memory, viewed as a weight (mHC mixers, cached keys).
 QWeight f32_weight(const float* data, int64_t rows, int64_t cols);

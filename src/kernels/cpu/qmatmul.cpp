@@ -460,12 +460,12 @@ void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t l
   qmm::run_isa(isa, w, r0, r1, x, ldx, T, y, ldy, nullptr);
 }
 
-void qmatmul_many(const QMatmulCall* calls, int64_t n) {
+void qmatmul_many(const Matmul* calls, int64_t n) {
   const Isa isa = active_isa();
   qmm::FusedJob& job = qmm::thread_job();
   job.clear();  // a call that threw left it half filled
   for (int64_t i = 0; i < n; ++i) {
-    const QMatmulCall& c = calls[i];
+    const Matmul& c = calls[i];
     const int64_t r1 = c.r1 < 0 ? c.w->rows : c.r1, ldx = c.ldx < 0 ? c.w->cols : c.ldx,
                   ldy = c.ldy < 0 ? r1 - c.r0 : c.ldy;
     if (!qmm::check_call(*c.w, c.r0, r1, c.T, c.y, ldy)) continue;

@@ -82,15 +82,8 @@ void qmatmul(const QWeight& w, int64_t r0, int64_t r1, const float* x, int64_t l
 // their rows are handed out together, so the threads meet once for all of them and balance over
 // the whole job; the others run one by one. For the many small matrices of a step's routed
 // experts, where each call's own synchronisation and its last range's imbalance add up.
-struct QMatmulCall {
-  const QWeight* w = nullptr;
-  const float* x = nullptr;
-  int64_t T = 0;
-  float* y = nullptr;
-  int64_t r0 = 0, r1 = -1;     // -1: to the last row
-  int64_t ldx = -1, ldy = -1;  // -1: dense (w->cols, r1 - r0)
-};
-void qmatmul_many(const QMatmulCall* calls, int64_t n);
+// (Matmul: core/weight.h; r1, ldx, ldy < 0 mean as there.)
+void qmatmul_many(const Matmul* calls, int64_t n);
 
 // qmatmul keeps per-thread scratch between calls; the calling thread's holds the packed
 // activations (T * cols floats, so as large as x after a big prefill). This frees the calling
