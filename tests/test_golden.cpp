@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "forwarding_backend.h"
 #include "test_util.h"
 #include "tools/logits.h"
 #include "tools/npy.h"
@@ -92,55 +93,14 @@ TEST(Invariants, LongContextAtRealSettings) {
   (void)V;
 }
 
-// Prefill chunk sizes 1, 3, 7 and "all" give the same logits, and so does decoding every token.
 namespace {
 
 // The CPU backend taking routed experts one at a time and running matmuls one by one (what a
 // backend with one expert's rows of workspace and no grouped matmuls does).
-class OneExpertAtATime final : public Backend {
+class OneExpertAtATime final : public ForwardingBackend {
  public:
-  explicit OneExpertAtATime(std::unique_ptr<Backend> in) : in_(std::move(in)) {}
+  using ForwardingBackend::ForwardingBackend;
   int64_t expert_rows_at_once(const Step&) const override { return 1; }
-  void matmuls(Step& s, const Matmul* m, int64_t n) override { Backend::matmuls(s, m, n); }
-
-  const char* name() const override { return in_->name(); }
-  SequenceState new_sequence() const override { return in_->new_sequence(); }
-  SequenceState fork(const SequenceState& st) const override { return in_->fork(st); }
-  void truncate(SequenceState& st, int64_t pos, Stack stack) const override { in_->truncate(st, pos, stack); }
-  int64_t max_rows() const override { return in_->max_rows(); }
-  bool batched() const override { return in_->batched(); }
-  Step begin(const StepPlan& plan) override { return in_->begin(plan); }
-  void end(Step& s) override { in_->end(s); }
-  float* tmp(Step& s, Tmp which, int64_t n) override { return in_->tmp(s, which, n); }
-  int32_t* tmp_ints(Step& s, Tmp which, int64_t n) override { return in_->tmp_ints(s, which, n); }
-  void hc_pre(int64_t layer, Sub sub, Step& s) override { in_->hc_pre(layer, sub, s); }
-  void hc_post(Step& s) override { in_->hc_post(s); }
-  void matmul(Step& s, const Matmul& m) override { in_->matmul(s, m); }
-  void rmsnorm(Step& s, const RmsNorm& n) override { in_->rmsnorm(s, n); }
-  void vec_ops(Step& s, const VecOps& v) override { in_->vec_ops(s, v); }
-  void scale(Step& s, float* x, int64_t n, float f) override { in_->scale(s, x, n, f); }
-  void compress(Step& s, const CompressFeed& c) override { in_->compress(s, c); }
-  void index_topk(Step& s, const IndexTopk& k) override { in_->index_topk(s, k); }
-  void attend(Step& s, const Attend& a) override { in_->attend(s, a); }
-  void route(Step& s, const Route& r) override { in_->route(s, r); }
-  RowList dispatch(Step& s, const std::vector<int32_t>& rows, const std::vector<float>& w) override {
-    return in_->dispatch(s, rows, w);
-  }
-  void zero_f(Step& s) override { in_->zero_f(s); }
-  void gather(Step& s, const float* x, const int32_t* rows, int64_t n, int64_t dim, float* y) override {
-    in_->gather(s, x, rows, n, dim, y);
-  }
-  void scatter_add(Step& s, const float* y, const int32_t* rows, int64_t n, int64_t dim, float* out) override {
-    in_->scatter_add(s, y, rows, n, dim, out);
-  }
-  void swiglu(Step& s, const Swiglu& g) override { in_->swiglu(s, g); }
-  void add(Step& s, float* y, const float* x, int64_t n) override { in_->add(s, y, x, n); }
-  void read_hidden(Step& s, const std::vector<int64_t>& rows, float* out) override { in_->read_hidden(s, rows, out); }
-  void hc_head(Stack stack, Step& s, const std::vector<int64_t>& rows) override { in_->hc_head(stack, s, rows); }
-  void logits(Step& s, int64_t n, float* out) override { in_->logits(s, n, out); }
-
- private:
-  std::unique_ptr<Backend> in_;
 };
 
 // Every position's logits of `tokens` as one prompt (one step), then three sequences decoding
@@ -180,6 +140,7 @@ TEST(Invariants, ExpertRunsEqualOneExpertAtATime) {
   }
 }
 
+// Prefill chunk sizes 1, 3, 7 and "all" give the same logits, and so does decoding every token.
 TEST(Invariants, ChunkSizesAgree) {
   for (const char* name : {"tiny-native", "tiny-nvfp4-sharded"}) {
     std::string dir = golden_dir(name);
