@@ -112,7 +112,7 @@ float* FusedJob::floats(size_t n) {
   return p;
 }
 
-const float* FusedJob::packed(const PackKey& k, const void** stats) const {
+const float* FusedJob::packed(const PackKey& k, XStats* stats) const {
   for (const Packed& p : packed_) {
     if (p.key == k) {
       *stats = p.stats;
@@ -122,7 +122,7 @@ const float* FusedJob::packed(const PackKey& k, const void** stats) const {
   return nullptr;
 }
 
-void FusedJob::remember_packed(const PackKey& k, const float* px, const void* stats) { packed_.push_back({k, px, stats}); }
+void FusedJob::remember_packed(const PackKey& k, const float* px, const XStats& stats) { packed_.push_back({k, px, stats}); }
 
 void FusedJob::clear() {
   parts_.clear();

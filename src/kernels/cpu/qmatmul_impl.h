@@ -12,6 +12,16 @@
 
 namespace dsv4::qmm {
 
+// Of the packed tokens a fused tile multiplies: every nonzero x is a multiple of 2^lsb, every
+// |x| is below 2^emax, every token's sum of |x| is below 2^sum_exp (1000: not finite). Decides
+// whether deferred scales are exact (qmatmul_kernels.inc, deferral_exact) and whether scaling x
+// is (FP8, fp8_fast_ok in qmatmul_kernels.inc).
+struct XStats {
+  int lsb = 1000;
+  int emax = -1000;
+  int sum_exp = -1000;
+};
+
 // The fused path's smallest range of work, in weight bytes: every range starts its streams cold,
 // which costs small matrices more than any imbalance between threads would.
 constexpr int64_t kGemvChunkBytes = int64_t{4} << 20;
@@ -49,8 +59,8 @@ class FusedJob {
     int64_t cols;
     bool operator==(const PackKey&) const = default;
   };
-  const float* packed(const PackKey& k, const void** stats) const;
-  void remember_packed(const PackKey& k, const float* px, const void* stats);
+  const float* packed(const PackKey& k, XStats* stats) const;
+  void remember_packed(const PackKey& k, const float* px, const XStats& stats);
   // Runs every part, in ranges of about kGemvChunkBytes of weights handed out to whichever thread
   // asks (a range may span parts), and empties the job.
   void run();
@@ -72,7 +82,7 @@ class FusedJob {
   struct Packed {
     PackKey key;
     const float* px;
-    const void* stats;
+    XStats stats;
   };
   std::vector<Packed> packed_;
 };
@@ -92,16 +102,6 @@ bool fp8_via_f16(const QWeight& w, int64_t r0, int64_t r1);
 // Whether the AVX-512 fused tiles take the shapes measured on AMD Zen 5 (family 0x1A and later;
 // qmatmul_avx512.cpp, FusedShapes).
 bool zen5_shapes();
-
-// Of the packed tokens a fused tile multiplies: every nonzero x is a multiple of 2^lsb, every
-// |x| is below 2^emax, every token's sum of |x| is below 2^sum_exp (1000: not finite). Decides
-// whether deferred scales are exact (qmatmul_kernels.inc, deferral_exact) and whether scaling x
-// is (FP8, fp8_fast_ok in qmatmul_kernels.inc).
-struct XStats {
-  int lsb = 1000;
-  int emax = -1000;
-  int sum_exp = -1000;
-};
 
 // Per-thread, 64-byte aligned scratch that grows on demand and lives until the thread exits.
 // Distinct slots may be held at once; the calling thread owns kSlotX for the packed activations
