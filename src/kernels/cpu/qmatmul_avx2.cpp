@@ -63,6 +63,12 @@ struct V {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  // out[k] = hsum(v[k]) for k < N, one by one (qmatmul_avx512.cpp sums 16 at a time).
+  template <int N>
+  TGTI static void hsum_many(const reg* v, float* out) {
+#pragma GCC unroll 16
+    for (int k = 0; k < N; ++k) out[k] = hsum(v[k]);
+  }
 };
 
 struct DecBase {
