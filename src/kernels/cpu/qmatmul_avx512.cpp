@@ -51,7 +51,8 @@ struct V {
   // T = 16 +15% on an Intel Xeon (docs/perf.md session 20).
   static constexpr bool kPinX = true;
   static constexpr int64_t kPrefetchMax = 1024;  // largest fused-path prefetch distance (kernels.inc)
-  // The canonical reduction tree (part of the summation order: every path calls this):
+  // The canonical reduction tree (part of the summation order: every path calls this, or
+  // hsum_many below, which adds the same operands in the same tree):
   // lanes l + l+8, then l + l+4, l + l+2, l + l+1.
   TGTI static float hsum(reg v) {
     const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
