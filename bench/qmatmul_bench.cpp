@@ -178,6 +178,7 @@ struct WeightSet {
       w.scale_cols = sc;
       w.scale2 = 0.5f;
       w.name = wformat_name(f);
+      measure_scale_range(w);  // as the loader does for weights read into memory
       bytes += w.stored_bytes();
       ws.push_back(w);
     }

@@ -417,23 +417,42 @@ TEST(Kernels, DeferredScalesExact) {
 
 void deferred_scales_exact(const std::string& isa) {
   uint32_t seed = 500;
+  // measured: the scale-byte range known (as for weights read at load), so that a call whose x
+  // it admits defers in every tile without checking any; else each tile checks its own.
   for (const int64_t cols : {4096, 2340, 64}) {
-    for (const bool extreme_rows : {false, true}) {
-      OwnedWeight o = make_weight(WFormat::MXFP4, 70, cols, seed++, /*moderate=*/true);
-      if (extreme_rows) {
-        const int64_t sc = o.w.scale_cols;
-        o.scale[17 * sc + std::min<int64_t>(3, sc - 1)] = 0;     // 2^-127 in row 17's tile
-        o.scale[50 * sc + std::min<int64_t>(40, sc - 1)] = 240;  // 2^113 in row 50's tile
-      }
-      const std::vector<float> deq = dequant_all(o.w);
-      for (const float xscale : {1.0f, 1e-39f, 1e36f}) {
-        Problem p = make_problem(o.w, 0, o.w.rows, 30, seed++);
-        for (float& v : p.x)
-          if (!std::isnan(v)) v *= xscale;
-        const std::string what = isa + " " + std::to_string(cols) + " cols, extreme rows " +
-                                 std::to_string(extreme_rows) + ", x scale " + std::to_string(xscale);
-        expect_fused_equals_gemm(o.w, p, what);
-        if (xscale == 1.0f) check_against_reference(o.w, deq, p, run(o.w, p), what);
+    for (const bool measured : {false, true}) {
+      for (const bool extreme_rows : {false, true}) {
+        OwnedWeight o = make_weight(WFormat::MXFP4, 70, cols, seed++, /*moderate=*/true);
+        if (extreme_rows) {
+          const int64_t sc = o.w.scale_cols;
+          o.scale[17 * sc + std::min<int64_t>(3, sc - 1)] = 0;     // 2^-127 in row 17's tile
+          o.scale[50 * sc + std::min<int64_t>(40, sc - 1)] = 240;  // 2^113 in row 50's tile
+        }
+        if (measured) {
+          measure_scale_range(o.w);
+          const int64_t nb = (cols + 31) / 32;
+          uint8_t lo = 255, hi = 0;
+          for (int64_t r = 0; r < o.w.rows; ++r)
+            for (int64_t b = 0; b < nb; ++b) {
+              lo = std::min(lo, o.scale[r * o.w.scale_cols + b]);
+              hi = std::max(hi, o.scale[r * o.w.scale_cols + b]);
+            }
+          EXPECT_EQ(o.w.scale_lo, lo);
+          EXPECT_EQ(o.w.scale_hi, hi);
+          if (extreme_rows) {
+            EXPECT_EQ(o.w.scale_lo, 0);
+          }
+        }
+        const std::vector<float> deq = dequant_all(o.w);
+        for (const float xscale : {1.0f, 1e-39f, 1e36f}) {
+          Problem p = make_problem(o.w, 0, o.w.rows, 30, seed++);
+          for (float& v : p.x)
+            if (!std::isnan(v)) v *= xscale;
+          const std::string what = isa + " " + std::to_string(cols) + " cols, measured " + std::to_string(measured) +
+                                   ", extreme rows " + std::to_string(extreme_rows) + ", x scale " + std::to_string(xscale);
+          expect_fused_equals_gemm(o.w, p, what);
+          if (xscale == 1.0f) check_against_reference(o.w, deq, p, run(o.w, p), what);
+        }
       }
     }
   }

@@ -133,6 +133,23 @@ size_t QWeight::stored_bytes() const {
   return 0;
 }
 
+void measure_scale_range(QWeight& w) {
+  if (w.fmt != WFormat::MXFP4 || w.scale == nullptr) return;
+  const int64_t nb = ceil_div(w.cols, kMxBlock);
+  uint8_t lo = 255, hi = 0;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* s = w.scale + r * w.scale_cols;
+    for (int64_t b = 0; b < nb; ++b) {  // vectorised by the compiler (byte min / max)
+      lo = std::min(lo, s[b]);
+      hi = std::max(hi, s[b]);
+    }
+  }
+  if (lo <= hi) {  // else no blocks: keep the whole range
+    w.scale_lo = lo;
+    w.scale_hi = hi;
+  }
+}
+
 void dequant_row(const QWeight& w, int64_t r, float* out) {
   check_row(w, r);
   const Tables& t = tables();

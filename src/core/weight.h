@@ -25,6 +25,11 @@ struct QWeight {
   const uint8_t* scale = nullptr;  // block scales (FP8Block, MXFP4, NVFP4), row-major
   int64_t scale_cols = 0;          // columns of the scale tensor
   float scale2 = 1.0f;             // NVFP4 weight_scale_2
+  // MXFP4: the smallest and largest scale byte over every block, once measure_scale_range ran
+  // (the loader does for weights read into memory; mapped ones would have to be read for it).
+  // Until then the whole byte range. The CPU kernels check once per call, from this range, what
+  // they otherwise check per row tile (qmatmul_kernels.inc, deferral_exact).
+  uint8_t scale_lo = 0, scale_hi = 255;
   std::string name;                // checkpoint tensor name, for messages
 
   bool empty() const { return data == nullptr; }
@@ -42,6 +47,9 @@ struct Matmul {
   int64_t r0 = 0, r1 = -1;     // -1: to the last row
   int64_t ldx = -1, ldy = -1;  // -1: dense (w->cols, r1 - r0)
 };
+
+// Sets scale_lo / scale_hi of an MXFP4 weight from its scale bytes (other formats: unchanged).
+void measure_scale_range(QWeight& w);
 
 // Dequantises row r (cols values) into out.
 void dequant_row(const QWeight& w, int64_t r, float* out);

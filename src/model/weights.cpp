@@ -133,6 +133,9 @@ class Binder {
           check_shape(s, {rows, cols / 32}, "(MXFP4 scales, one per 32)");
           q.scale = s.data;
           q.scale_cols = cols / 32;
+          // Read into memory (scales are held whole, also under tensor parallelism), the scales
+          // cost a scan here; mapped, the scan would read them from disk.
+          if (store_.load_mode() == LoadMode::Read) measure_scale_range(q);
         }
         return q;
       }

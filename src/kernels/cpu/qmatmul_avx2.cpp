@@ -77,10 +77,11 @@ struct DecBase {
   int64_t row_bytes;
   int64_t scale_cols;
   int64_t nb;  // scale blocks per row actually used
+  int scale_lo, scale_hi;  // QWeight's scale-byte range (MXFP4)
   float post = 1.0f;
   DecBase(const QWeight& w, int64_t rb, int64_t block)
       : data(w.data), scales(w.scale), row_bytes(rb), scale_cols(w.scale_cols),
-        nb(block > 0 ? (w.cols + block - 1) / block : 0) {}
+        nb(block > 0 ? (w.cols + block - 1) / block : 0), scale_lo(w.scale_lo), scale_hi(w.scale_hi) {}
   const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
 };
 
@@ -363,6 +364,7 @@ struct DecMX : DecBase, Fp4Bytes<2> {
     __m128i d = _mm_max_epu8(_mm256_castsi256_si128(br.hi), _mm256_extracti128_si256(br.hi, 1));
     byte_min_max(c, d, lo, hi);
   }
+  template <bool kRange>
   TGT void prep_deferred(int64_t r, int64_t ng, float* sb, ByteRange& br) const {
     const uint8_t* s = scales + r * scale_cols;
     const int64_t total = 2 * ng;
@@ -390,8 +392,10 @@ struct DecMX : DecBase, Fp4Bytes<2> {
         cur = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
         prev = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
       }
-      br.lo = _mm256_min_epu8(br.lo, cur);
-      br.hi = _mm256_max_epu8(br.hi, cur);
+      if constexpr (kRange) {
+        br.lo = _mm256_min_epu8(br.lo, cur);
+        br.hi = _mm256_max_epu8(br.hi, cur);
+      }
       const __m256i field = _mm256_add_epi8(_mm256_sub_epi8(prev, cur), _mm256_set1_epi8(127));
       for (int k = 0; k < 4; ++k) {
         const __m128i q = k < 2 ? _mm256_castsi256_si128(field) : _mm256_extracti128_si256(field, 1);

@@ -101,10 +101,11 @@ struct DecBase {
   int64_t row_bytes;
   int64_t scale_cols;
   int64_t nb;  // scale blocks per row actually used
+  int scale_lo, scale_hi;  // QWeight's scale-byte range (MXFP4)
   float post = 1.0f;
   DecBase(const QWeight& w, int64_t rb, int64_t block)
       : data(w.data), scales(w.scale), row_bytes(rb), scale_cols(w.scale_cols),
-        nb(block > 0 ? (w.cols + block - 1) / block : 0) {}
+        nb(block > 0 ? (w.cols + block - 1) / block : 0), scale_lo(w.scale_lo), scale_hi(w.scale_hi) {}
   const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
 };
 
@@ -328,6 +329,7 @@ struct DecMX : DecBase {
   // that): the byte range stays in registers across the tile's rows and the calls go. The work
   // outside the tile fell from 15-17% to 10-11% of an MXFP4 T = 1-2 GEMV's `perf` samples
   // (docs/perf.md "Session 22").
+  template <bool kRange>
   TGTI void prep_deferred(int64_t r, int64_t ng, float* sb, ByteRange& br) const {
     const uint8_t* s = scales + r * scale_cols;
     const int64_t total = 4 * ng;
@@ -344,9 +346,11 @@ struct DecMX : DecBase {
       // The same block of the previous group (4 bytes back); the first group's is itself.
       const __m512i prev = i == 0 ? _mm512_mask_mov_epi8(_mm512_alignr_epi32(cur, cur, 15), 0xF, cur)
                                   : _mm512_mask_loadu_epi8(pad, first(nb - (i - 4)), s + i - 4);
-      const __mmask64 live = first(total - i);
-      br.lo = _mm512_mask_min_epu8(br.lo, live, br.lo, cur);
-      br.hi = _mm512_mask_max_epu8(br.hi, live, br.hi, cur);
+      if constexpr (kRange) {
+        const __mmask64 live = first(total - i);
+        br.lo = _mm512_mask_min_epu8(br.lo, live, br.lo, cur);
+        br.hi = _mm512_mask_max_epu8(br.hi, live, br.hi, cur);
+      }
       const __m512i field = _mm512_add_epi8(_mm512_sub_epi8(prev, cur), _mm512_set1_epi8(127));
       const __m128i q[4] = {_mm512_castsi512_si128(field), _mm512_extracti32x4_epi32(field, 1),
                             _mm512_extracti32x4_epi32(field, 2), _mm512_extracti32x4_epi32(field, 3)};
