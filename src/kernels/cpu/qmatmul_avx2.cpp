@@ -406,6 +406,8 @@ struct DecMX : DecBase, Fp4Bytes<2> {
     for (int b = 0; b < 2; ++b)  // 2^u_last per block (written after the loop's overshoot)
       sb[total + b] = std::bit_cast<float>(static_cast<uint32_t>(total > 0 ? byte(total - 2 + b) + 1 : 127) << 23);
   }
+  // The deferred path's multiplier of group g (prep_deferred's floats are scale()'s layout).
+  TGTI static __m256 ratio(const float* sb, int64_t g) { return scale(sb, g); }
   TGTI static __m256 scale(const float* sb, int64_t g) {
     const __m256i idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sb + 2 * g)), idx);

@@ -325,16 +325,21 @@ struct DecMX : DecBase {
   }
   // The ratio fields 127 + prev - cur are computed on bytes, 64 blocks at a time: they wrap when
   // |prev - cur| > 126, but then the tile's byte range fails deferral_exact and the tile is
-  // prepared again the canonical way. Inlined into fused_rowtile (which carries the target for
-  // that): the byte range stays in registers across the tile's rows and the calls go. The work
-  // outside the tile fell from 15-17% to 10-11% of an MXFP4 T = 1-2 GEMV's `perf` samples
-  // (docs/perf.md "Session 22").
+  // prepared again the canonical way. Each field is stored as the 16-bit word field << 7, the
+  // upper half of the float 2^(field - 127), so that ratio() builds a group's multiplier vector
+  // with one in-lane byte shuffle of 8 bytes broadcast from memory. As floats, the preparation
+  // spent a widening shuffle per 16 blocks plus three extractions (MXFP4 on AMD EPYC Zen 5:
+  // 4096x2048 at T = 1 from DRAM, fast minutes, +5-17%; one core from L2, T = 1-2, 2048 columns
+  // +1-3.5%, others level; docs/perf.md "Session 49").
+  // Inlined into fused_rowtile (which carries the target for that): the byte range stays in
+  // registers across the tile's rows and the calls go (docs/perf.md "Session 22").
   template <bool kRange>
-  TGTI void prep_deferred(int64_t r, int64_t ng, float* sb, ByteRange& br) const {
+  TGTI void prep_deferred(int64_t r, int64_t ng, float* sbf, ByteRange& br) const {
+    uint8_t* sb = reinterpret_cast<uint8_t*>(sbf);  // 2 bytes a block
     const uint8_t* s = scales + r * scale_cols;
     const int64_t total = 4 * ng;
     if (total == 0) {  // no columns: the accumulators stay zero, any multiplier will do
-      for (int b = 0; b < 4; ++b) sb[b] = 1.0f;
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(sb), _mm_set1_epi16(127 << 7));
       return;
     }
     auto first = [](int64_t n) {
@@ -352,16 +357,25 @@ struct DecMX : DecBase {
         br.hi = _mm512_mask_max_epu8(br.hi, live, br.hi, cur);
       }
       const __m512i field = _mm512_add_epi8(_mm512_sub_epi8(prev, cur), _mm512_set1_epi8(127));
-      const __m128i q[4] = {_mm512_castsi512_si128(field), _mm512_extracti32x4_epi32(field, 1),
-                            _mm512_extracti32x4_epi32(field, 2), _mm512_extracti32x4_epi32(field, 3)};
-      for (int k = 0; k < 4 && i + 16 * k < total; ++k)
-        _mm512_storeu_ps(sb + i + 16 * k, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(q[k]), 23)));
+      // Both halves stored whole: past `total` they land in the row's slack (Geom::sstride).
+      _mm512_storeu_si512(sb + 2 * i, _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(field)), 7));
+      if (i + 32 < total)
+        _mm512_storeu_si512(sb + 2 * i + 64, _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(field, 1)), 7));
     }
-    // 2^u_last per block, from the last group's bytes (padding blocks: 126).
+    // 2^u_last per block, from the last group's bytes (padding blocks: 126): fields byte + 1.
     const int64_t last = total - 4;
     const __m128i lb = _mm_mask_loadu_epi8(_mm_set1_epi8(126), static_cast<__mmask16>(first_lanes(nb - last) & 0xF), s + last);
-    const __m128i f = _mm_slli_epi32(_mm_add_epi32(_mm_cvtepu8_epi32(lb), _mm_set1_epi32(1)), 23);
-    _mm_storeu_ps(sb + total, _mm_castsi128_ps(f));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(sb + 2 * total),
+                     _mm_slli_epi16(_mm_add_epi16(_mm_cvtepu8_epi16(lb), _mm_set1_epi16(1)), 7));
+  }
+  // The multiplier of group g (or past the last group 2^u_last) from prep_deferred's words:
+  // lane l takes the word of block l / 4 into its upper half.
+  TGTI static __m512 ratio(const float* sbf, int64_t g) {
+    const __m512i w = _mm512_set1_epi64(*reinterpret_cast<const long long*>(reinterpret_cast<const uint8_t*>(sbf) + 8 * g));
+    const __m512i idx = _mm512_setr_epi32(0x01008080, 0x01008080, 0x01008080, 0x01008080, 0x03028080, 0x03028080,
+                                          0x03028080, 0x03028080, 0x05048080, 0x05048080, 0x05048080, 0x05048080,
+                                          0x07068080, 0x07068080, 0x07068080, 0x07068080);
+    return _mm512_castsi512_ps(_mm512_shuffle_epi8(w, idx));
   }
   TGTI static void load(const uint8_t* gp, int, St& st) { st.v = _mm512_loadu_si512(gp); }
   TGTI static void from_bits(__m512 r, St& st) { st.v = _mm512_castps_si512(r); }
